@@ -1,0 +1,19 @@
+"""ntbridge: the infinite-width and empirical NTK/NNGP kernels of PyTorch models, computed in JAX.
+
+Example:
+    >>> import torch, ntbridge
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
+    >>> x = torch.randn(8, 3)
+    >>> ntbridge.ntk(model, x).shape
+    torch.Size([8, 8])
+"""
+
+from . import errors, stax
+from .api import empirical_nngp, empirical_ntk, kernel, nngp, ntk
+from .converters import Graph, Kernels, convert
+from .converters import register as register_converter
+
+__version__ = "0.1.0"
+
+__all__ = ["Graph", "Kernels", "convert", "empirical_nngp", "empirical_ntk", "errors", "kernel",
+           "nngp", "ntk", "register_converter", "stax"]

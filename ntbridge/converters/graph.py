@@ -1,0 +1,138 @@
+"""``Graph``: a torch model translated to a stax network, with its parameters as JAX arrays."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+from torch import nn
+
+from ..errors import NtbridgeError
+from ..stax import Kernel, Layer, input_kernel, serial
+from ..stax.kernel import symmetrize
+
+Params = dict[str, jax.Array]
+KERNEL_NAMES = ("nngp", "ntk")
+
+
+class Kernels(NamedTuple):
+    """The analytic kernels asked for with ``get``; those not asked for are None."""
+
+    nngp: Any = None
+    ntk: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One leaf module of the model and the stax layer it became."""
+
+    index: int
+    name: str
+    module: nn.Module
+    layer: Layer
+    param_names: tuple[str, ...]
+    hyper: dict
+
+    @property
+    def where(self) -> str:
+        """How error messages name this module: position, qualified name and type."""
+        return f"module {self.index} '{self.name}' ({type(self.module).__name__})"
+
+    def key(self, param: str) -> str:
+        return f"{self.name}.{param}" if self.name else param
+
+
+def _located(layer: Layer, where: str) -> Layer:
+    """The same layer, whose errors name the module they come from."""
+
+    def wrap(fn):
+        def located(*args):
+            try:
+                return fn(*args)
+            except NtbridgeError as e:
+                raise type(e)(f"{where}: {e}") from None
+        return located
+
+    return layer._replace(init_fn=wrap(layer.init_fn), kernel_fn=wrap(layer.kernel_fn))
+
+
+_COMPILED: dict[tuple, Any] = {}  # compiled functions, by architecture signature and purpose
+_MAX_COMPILED = 64
+
+
+def compiled(key: tuple, build) -> Any:
+    """The compiled function cached under ``key``, built by ``build()`` on first use (LRU-bounded)."""
+    if key in _COMPILED:
+        _COMPILED[key] = _COMPILED.pop(key)  # most recently used last
+    else:
+        if len(_COMPILED) >= _MAX_COMPILED:
+            _COMPILED.pop(next(iter(_COMPILED)))
+        _COMPILED[key] = build()
+    return _COMPILED[key]
+
+
+def _apply(network: Layer, layout: tuple, params: Params, x: jax.Array) -> jax.Array:
+    per_layer = tuple({local: params[key] for local, key in node} for node in layout)
+    return network.apply_fn(per_layer, x)
+
+
+def _analytic(network: Layer, x1, x2, get):
+    names = (get,) if isinstance(get, str) else tuple(get)
+    k: Kernel = input_kernel(x1, x2, compute_ntk="ntk" in names,
+                             diagonal_spatial=not network.full_spatial)
+    k = network.kernel_fn(k)
+    out = {name: getattr(k, name) for name in names}
+    if k.x1_is_x2:
+        out = {name: symmetrize(v, k.diagonal_spatial) for name, v in out.items()}
+    return out[get] if isinstance(get, str) else Kernels(**out)
+
+
+class Graph:
+    """A converted model. Params are a flat dict keyed like ``model.named_parameters()``.
+
+    Attributes:
+      layers: the :class:`Node` of each leaf module, in order.
+      params: JAX arrays sharing memory with the torch weights where the layout allows it.
+      signature: a hashable description of the architecture and hyper-parameters.
+
+    Example:
+        >>> g = ntbridge.convert(nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 1)))
+        >>> g.apply_fn(g.params, jnp.ones((5, 3))).shape
+        (5, 1)
+        >>> g.kernel_fn(jnp.ones((5, 3)), get="ntk").shape
+        (5, 5)
+    """
+
+    def __init__(self, nodes: list[Node], params: Params, signature: tuple):
+        self.layers = tuple(nodes)
+        self.params = params
+        self.signature = signature
+        self.network = serial(*(_located(n.layer, n.where) for n in nodes))
+        layout = tuple(tuple((p, n.key(p)) for p in n.param_names) for n in nodes)
+        self.apply_fn = functools.partial(_apply, self.network, layout)
+        """The model's forward pass ``apply_fn(params, x)``, ``(N, *input) -> (N, *output)``."""
+        self._compiled_kernel = compiled(("analytic", signature), lambda: jax.jit(
+            functools.partial(_analytic, self.network), static_argnames=("get",)))
+
+    def init_fn(self, key: jax.Array, input_shape: tuple[int, ...]) -> tuple[tuple, Params]:
+        """Fresh parameters from the init distribution in use; returns ``(output_shape, params)``."""
+        shape, per_layer = self.network.init_fn(key, tuple(input_shape))
+        return shape, {n.key(p): v for n, lp in zip(self.layers, per_layer) for p, v in lp.items()}
+
+    def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The output shape for inputs of ``input_shape``; raises ShapeError if they do not fit."""
+        result = []
+        init = lambda key: result.append(self.network.init_fn(key, tuple(input_shape))[0])
+        jax.eval_shape(init, jax.random.key(0))
+        return result[0]
+
+    def kernel_fn(self, x1: jax.Array, x2: jax.Array | None = None,
+                  get: str | tuple[str, ...] = KERNEL_NAMES):
+        """Infinite-width kernels of the outputs, ``(N1, N2)`` per output unit (jit-compiled).
+
+        ``get`` is ``"nngp"``, ``"ntk"`` (an array) or a tuple of them (a :class:`Kernels`).
+        With ``x2=None`` the result is exactly symmetric.
+        """
+        return self._compiled_kernel(x1, x2, get=get)

@@ -1,0 +1,129 @@
+"""The converter registry: one small function per torch module type, returning a stax ``Layer``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping
+
+import torch
+from torch import nn
+
+from ..errors import InputError, InputTypeError
+from ..stax import PARAMETERIZATIONS, Layer
+
+Converter = Callable[[nn.Module, "Context"], Layer]
+CONVERTERS: dict[type, Converter] = {}
+INITS = ("torch", "infer")
+
+
+def register(module_type: type) -> Callable[[Converter], Converter]:
+    """Register ``fn(module, ctx) -> Layer`` as the converter of ``module_type`` (and subclasses).
+
+    Example:
+        >>> @ntbridge.register_converter(MyScale)
+        ... def _(module, ctx):
+        ...     return ntbridge.stax.elementwise(lambda x: module.c * x, my_rule, "MyScale")
+    """
+    if not (isinstance(module_type, type) and issubclass(module_type, nn.Module)):
+        raise InputTypeError(f"register_converter expects an nn.Module subclass, "
+                             f"got {module_type!r}.")
+
+    def decorator(fn: Converter) -> Converter:
+        CONVERTERS[module_type] = fn
+        return fn
+
+    return decorator
+
+
+def find_converter(module: nn.Module) -> Converter | None:
+    """The converter registered for ``type(module)`` or its nearest registered base class."""
+    for cls in type(module).__mro__:
+        if cls in CONVERTERS:
+            return CONVERTERS[cls]
+    return None
+
+
+def supported_types() -> list[str]:
+    return sorted(cls.__name__ for cls in CONVERTERS)
+
+
+StdOption = float | Mapping[str, float] | None
+
+
+def _check_std(value: StdOption, arg: str) -> None:
+    values = value.values() if isinstance(value, Mapping) else [value]
+    for v in values:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+            raise InputTypeError(f"{arg} must be a non-negative float or a mapping from qualified "
+                                 f"module names to floats, got {value!r}.")
+
+
+@dataclasses.dataclass
+class Options:
+    """The hyper-parameter options of a conversion (see ``ntbridge.convert``)."""
+
+    parameterization: str = "standard"
+    init: str = "torch"
+    W_std: StdOption = None
+    b_std: StdOption = None
+    used_names: set = dataclasses.field(default_factory=set)
+
+    def __post_init__(self):
+        if self.parameterization not in PARAMETERIZATIONS:
+            raise InputError(f"parameterization must be one of {PARAMETERIZATIONS}, "
+                             f"got {self.parameterization!r}.")
+        if self.init not in INITS:
+            raise InputError(f"init must be one of {INITS}, got {self.init!r}.")
+        _check_std(self.W_std, "W_std")
+        _check_std(self.b_std, "b_std")
+
+    def explicit(self, option: StdOption, name: str) -> float | None:
+        if isinstance(option, Mapping):
+            if name in option:
+                self.used_names.add(name)
+            return option.get(name)
+        return option
+
+    def check_names(self, names: list[str]) -> None:
+        """Every qualified name in a W_std/b_std mapping must be a module that has weights."""
+        for arg, option in (("W_std", self.W_std), ("b_std", self.b_std)):
+            unknown = set(option) - self.used_names if isinstance(option, Mapping) else set()
+            if unknown:
+                raise InputError(f"{arg} names {sorted(unknown)}, which are not modules with "
+                                 f"weights in this model; valid names: {names}.")
+
+
+@dataclasses.dataclass
+class Context:
+    """What a converter may know besides its module: where it sits and the conversion options."""
+
+    name: str
+    index: int
+    options: Options
+    hyper: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def parameterization(self) -> str:
+        return self.options.parameterization
+
+    def affine(self, fan_in: int, weight: torch.Tensor, bias: torch.Tensor | None) -> dict:
+        """Keyword arguments ``W_std, b_std, distribution, parameterization`` of an affine layer.
+
+        ``init="torch"``: torch's default init of Linear/ConvNd, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``
+        for weight and bias, i.e. ``W_std = 1/sqrt(3)``, ``b_std = 1/sqrt(3 fan_in)``.
+        ``init="infer"``: ``W_std**2 = fan_in * mean(W**2)``, ``b_std**2 = mean(b**2)``.
+        Explicit ``W_std``/``b_std`` override either; parameters are then drawn Gaussian.
+        """
+        o = self.options
+        if o.init == "torch":
+            W_std, b_std = 3 ** -0.5, (3 * fan_in) ** -0.5
+        else:
+            W_std = (fan_in * weight.detach().double().pow(2).mean()).sqrt().item()
+            b_std = None if bias is None else bias.detach().double().pow(2).mean().sqrt().item()
+        W_exp, b_exp = o.explicit(o.W_std, self.name), o.explicit(o.b_std, self.name)
+        W_std = W_std if W_exp is None else float(W_exp)
+        b_std = None if bias is None else (b_std if b_exp is None else float(b_exp))
+        explicit = W_exp is not None or b_exp is not None
+        self.hyper = {"W_std": W_std, "b_std": b_std}
+        return dict(W_std=W_std, b_std=b_std, parameterization=o.parameterization,
+                    distribution="uniform" if o.init == "torch" and not explicit else "normal")

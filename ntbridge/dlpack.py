@@ -1,0 +1,102 @@
+"""torch <-> JAX hand-off through DLPack, without copies where the memory layout allows it.
+
+* Contiguous, aligned CPU tensors and CUDA tensors on a GPU that JAX sees are shared, not copied,
+  in both directions. The DLPack protocol passes the consumer's stream, so pending torch work is
+  visible to JAX and JAX results are visible to torch.
+* Non-contiguous or misaligned tensors are copied exactly once (by ``.contiguous()`` or by JAX).
+* Tensors that require grad are detached: kernels come back without autograd history.
+* float16/bfloat16 are computed in float32 (one copy); float64 needs JAX's x64 mode, which
+  :func:`precision` switches on for the duration of an ntbridge call only.
+
+Example:
+    >>> t = torch.randn(4, 3)
+    >>> a = to_jax(t)
+    >>> shares_memory(t, a)
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+# JAX preallocates most of a GPU's memory on first use, starving torch in the same process.
+# Unless the user configured it, ntbridge asks JAX to allocate on demand (see the README).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import torch  # noqa: E402
+
+from .errors import InputError, InputTypeError  # noqa: E402
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def kernel_dtype(t: torch.Tensor, name: str = "x1") -> torch.dtype:
+    """The dtype a kernel of input ``t`` is computed and returned in (float32 or float64)."""
+    if not isinstance(t, torch.Tensor):
+        raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; "
+                             f"convert it with torch.as_tensor({name}).")
+    if t.dtype.is_complex or not t.dtype.is_floating_point:
+        raise InputTypeError(f"{name} has dtype {t.dtype}; kernel functions need floating-point "
+                             f"inputs: pass {name}.float() (or .double() for float64 kernels).")
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+@contextlib.contextmanager
+def precision(dtype: torch.dtype) -> Iterator[None]:
+    """Run the enclosed JAX work in float64 (x64 mode) if ``dtype`` is float64.
+
+    The switch is local to this context and thread: the user's global JAX config is untouched.
+    """
+    if dtype == torch.float64:
+        with jax.enable_x64(True):
+            yield
+    else:
+        yield
+
+
+def _check_device(t: torch.Tensor, name: str) -> None:
+    if t.device.type == "cpu":
+        return
+    if t.device.type == "cuda" and any(d.platform == "gpu" for d in jax.devices()):
+        return
+    raise InputError(f"{name} is on {t.device}, but JAX has no backend for it "
+                     f"(JAX devices: {jax.devices()}). Move it with {name}.cpu(), or install "
+                     f"JAX's CUDA plugin: pip install 'ntbridge[cuda]'.")
+
+
+def to_jax(t: torch.Tensor, name: str = "tensor") -> jax.Array:
+    """A JAX array over the memory of ``t`` (zero-copy when ``t`` is contiguous and aligned).
+
+    Args:
+      t: any floating tensor, on the CPU or on a CUDA device JAX sees. float16/bfloat16 become
+        float32; float64 must be converted inside :func:`precision` (float64) to stay float64.
+      name: the argument's name, for error messages.
+
+    Returns:
+      A ``jax.Array`` of the same shape on the matching JAX device.
+    """
+    _check_device(t, name)
+    t = t.detach()
+    if t.dtype in _LOW_PRECISION:
+        t = t.float()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return jax.dlpack.from_dlpack(t)
+
+
+def to_torch(a: jax.Array) -> torch.Tensor:
+    """A torch tensor over the memory of the JAX array ``a`` (zero-copy).
+
+    Example:
+        >>> to_torch(jnp.ones((2, 2))).shape
+        torch.Size([2, 2])
+    """
+    return torch.from_dlpack(a)
+
+
+def shares_memory(t: torch.Tensor, a: jax.Array) -> bool:
+    """Whether torch tensor ``t`` and JAX array ``a`` start at the same address (no copy was made)."""
+    return t.data_ptr() == a.unsafe_buffer_pointer()

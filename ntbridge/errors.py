@@ -1,0 +1,40 @@
+"""The exceptions and warnings that ntbridge raises and that users catch.
+
+Every error says what was wrong (the argument, or the module by its index and qualified name in the
+model) and what to do instead.
+
+Example:
+    >>> import ntbridge
+    >>> try:
+    ...     ntbridge.ntk(model, x.long())
+    ... except ntbridge.errors.InputError as e:
+    ...     print(e)
+"""
+
+
+class NtbridgeError(Exception):
+    """Base class of every error ntbridge raises."""
+
+
+class InputError(NtbridgeError, ValueError):
+    """An argument has a bad value: wrong shape, empty batch, unknown option."""
+
+
+class InputTypeError(InputError, TypeError):
+    """An argument has a bad type or dtype (e.g. integer inputs to a kernel function)."""
+
+
+class ShapeError(InputError):
+    """An input's shape does not fit the model (or x1 does not fit x2)."""
+
+
+class UnsupportedLayerError(NtbridgeError, NotImplementedError):
+    """A module has no converter, or no infinite-width kernel rule."""
+
+
+class ConversionError(NtbridgeError):
+    """A model could not be translated (e.g. torch.fx could not trace it)."""
+
+
+class InitMismatchWarning(UserWarning):
+    """The model's weights look inconsistent with the init the analytic kernel assumes."""

@@ -1,0 +1,147 @@
+"""The ``Kernel`` record that flows through a network's ``kernel_fn``, and the kernel of the inputs.
+
+Shapes (torch layout, channels first; the channel axis is averaged out):
+
+* ``nngp``, ``ntk``: ``(N1, N2)`` for vectors; for inputs ``(N, C, *S)`` with spatial shape ``S``,
+  ``(N1, N2, *S)`` when ``diagonal_spatial`` (the covariance of each position with itself) or
+  ``(N1, N2, S1, S1', S2, S2', ...)`` (every pair of positions, axes interleaved) otherwise.
+* ``cov1``, ``cov2``: each example's covariance with itself, ``(N1, ...)`` and ``(N2, ...)``, with
+  the same spatial part as ``nngp``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import string
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """NNGP and NTK of one layer's outputs, plus what the next layer's rule needs to know.
+
+    Attributes:
+      nngp: covariance of the outputs for x1 against x2, per channel.
+      ntk: the neural tangent kernel, or None when only the NNGP is wanted.
+      cov1, cov2: covariance of each x1 (x2) example with itself.
+      shape1, shape2: shapes of the layer's outputs for x1 and x2, ``(N, C, *S)``.
+      x1_is_x2: whether x2 is x1 (the kernels are then symmetric).
+      is_gaussian: whether the outputs are Gaussian in the infinite-width limit (after an affine
+        layer, not after a nonlinearity); closed-form nonlinearity rules need it.
+      diagonal_spatial: whether only same-position covariances are kept (see module doc).
+    """
+
+    nngp: jax.Array
+    ntk: jax.Array | None
+    cov1: jax.Array
+    cov2: jax.Array
+    shape1: tuple[int, ...]
+    shape2: tuple[int, ...]
+    x1_is_x2: bool
+    is_gaussian: bool
+    diagonal_spatial: bool
+
+    def replace(self, **changes) -> "Kernel":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def spatial_shape(self) -> tuple[int, ...]:
+        return self.shape1[2:]
+
+
+jax.tree_util.register_dataclass(
+    Kernel,
+    data_fields=["nngp", "ntk", "cov1", "cov2"],
+    meta_fields=["shape1", "shape2", "x1_is_x2", "is_gaussian", "diagonal_spatial"],
+)
+
+
+def _spatial_letters(ndim: int) -> tuple[str, str]:
+    """Einsum letters for ``ndim`` spatial axes of x1 and of x2."""
+    letters = string.ascii_lowercase[8:]  # leave a-h for batch and channel axes
+    return letters[:ndim], letters[ndim:2 * ndim]
+
+
+def _covariance(x: jax.Array, y: jax.Array, *, batch_pairs: bool, diagonal_spatial: bool):
+    """Channel-averaged covariance of x ``(N, C, *S)`` with y ``(M, C, *S)``."""
+    s, t = _spatial_letters(x.ndim - 2)
+    if diagonal_spatial:
+        t = s
+    out_spatial = s if diagonal_spatial else "".join(a + b for a, b in zip(s, t))
+    batch_y = "b" if batch_pairs else "a"
+    out_batch = "ab" if batch_pairs else "a"
+    expr = f"ac{s},{batch_y}c{t}->{out_batch}{out_spatial}"
+    return jnp.einsum(expr, x, y, precision=jax.lax.Precision.HIGHEST) / x.shape[1]
+
+
+def input_kernel(x1: jax.Array, x2: jax.Array | None, *, compute_ntk: bool,
+                 diagonal_spatial: bool) -> Kernel:
+    """The kernel of the raw inputs: ``x1 @ x2.T / C`` (per position for spatial inputs).
+
+    Args:
+      x1: ``(N1, C)`` or ``(N1, C, *S)``.
+      x2: ``(N2, ...)`` with the same trailing shape, or None for x2 = x1.
+      compute_ntk: whether the result carries an NTK (zero for the inputs: they have no parameters).
+      diagonal_spatial: keep only same-position covariances.
+    """
+    x1_is_x2 = x2 is None
+    x2 = x1 if x2 is None else x2
+    cov = lambda x: _covariance(x, x, batch_pairs=False, diagonal_spatial=diagonal_spatial)
+    nngp = _covariance(x1, x2, batch_pairs=True, diagonal_spatial=diagonal_spatial)
+    cov1 = cov(x1)
+    return Kernel(
+        nngp=nngp,
+        ntk=jnp.zeros_like(nngp) if compute_ntk else None,
+        cov1=cov1,
+        cov2=cov1 if x1_is_x2 else cov(x2),
+        shape1=tuple(x1.shape), shape2=tuple(x2.shape),
+        x1_is_x2=x1_is_x2, is_gaussian=False, diagonal_spatial=diagonal_spatial)
+
+
+def _diagonal_variances(cov: jax.Array, diagonal_spatial: bool) -> jax.Array:
+    """Each example's variance at each position, ``(N, *S)``, from its covariance ``cov``."""
+    if diagonal_spatial:
+        return cov
+    ndim = (cov.ndim - 1) // 2
+    s, _ = _spatial_letters(ndim)
+    return jnp.einsum("a" + "".join(c + c for c in s) + "->a" + s, cov)
+
+
+def _broadcast(v: jax.Array, batch_pairs: int | None, side: int, diagonal_spatial: bool):
+    """Reshape variances ``(N, *S)`` to broadcast against a kernel entry of the pair layout.
+
+    ``batch_pairs`` is the batch axis position (0 or 1) in an ``(N1, N2, ...)`` kernel, or None for a
+    same-example ``(N, ...)`` covariance; ``side`` is 0 for the first of each spatial pair, 1 for the
+    second.
+    """
+    shape = list(v.shape[:1])
+    if batch_pairs is not None:
+        shape = [v.shape[0], 1] if batch_pairs == 0 else [1, v.shape[0]]
+    for size in v.shape[1:]:
+        shape += [size] if diagonal_spatial else ([size, 1] if side == 0 else [1, size])
+    return v.reshape(shape)
+
+
+def variances(k: Kernel) -> dict[str, tuple[jax.Array, jax.Array]]:
+    """For ``nngp``, ``cov1`` and ``cov2``: the variances ``(q1, q2)`` of both sides of each entry.
+
+    Each pair broadcasts against its array, so an elementwise rule ``f(c, q1, q2)`` can be applied to
+    every entry at once, whatever the spatial layout.
+    """
+    d = k.diagonal_spatial
+    v1, v2 = (_diagonal_variances(c, d) for c in (k.cov1, k.cov2))
+    return {
+        "nngp": (_broadcast(v1, 0, 0, d), _broadcast(v2, 1, 1, d)),
+        "cov1": (_broadcast(v1, None, 0, d), _broadcast(v1, None, 1, d)),
+        "cov2": (_broadcast(v2, None, 0, d), _broadcast(v2, None, 1, d)),
+    }
+
+
+def symmetrize(a: jax.Array, diagonal_spatial: bool) -> jax.Array:
+    """``(a + a^T) / 2`` with ``^T`` swapping x1 and x2 (batch and spatial pairs): exactly symmetric."""
+    perm = [1, 0]
+    for i in range(2, a.ndim, 1 if diagonal_spatial else 2):
+        perm += [i] if diagonal_spatial else [i + 1, i]
+    return (a + jnp.transpose(a, perm)) / 2

@@ -1,0 +1,110 @@
+"""The ``Layer`` record and the affine layers (Linear).
+
+A layer is a tiny stax triple plus what it requires of its input kernel:
+
+* ``init_fn(key, input_shape) -> (output_shape, params)``: samples parameters (torch layout);
+  raises :class:`~ntbridge.errors.ShapeError` when the input shape does not fit.
+* ``apply_fn(params, x) -> y``: the forward pass, exactly the torch module's.
+* ``kernel_fn(k: Kernel) -> Kernel``: how the infinite-width NNGP and NTK transform.
+* ``full_spatial``: whether ``kernel_fn`` needs the covariance of every pair of positions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import ShapeError, UnsupportedLayerError
+from .kernel import Kernel
+
+Shape = tuple[int, ...]
+PARAMETERIZATIONS = ("standard", "ntk")
+
+
+class Layer(NamedTuple):
+    """One layer (or a whole network) as ``(init_fn, apply_fn, kernel_fn)`` and its requirements."""
+
+    init_fn: Callable[[jax.Array, Shape], tuple[Shape, Any]]
+    apply_fn: Callable[[Any, jax.Array], jax.Array]
+    kernel_fn: Callable[[Kernel], Kernel]
+    full_spatial: bool = False
+
+
+def _sample(key: jax.Array, shape: Shape, std: float, distribution: str) -> jax.Array:
+    """Zero-mean samples of standard deviation ``std``: torch's uniform init or a Gaussian."""
+    if distribution == "uniform":
+        bound = std * 3 ** 0.5
+        return jax.random.uniform(key, shape, minval=-bound, maxval=bound)
+    return std * jax.random.normal(key, shape)
+
+
+def affine_ntk(k: Kernel, nngp_out: jax.Array, fan_in: int, W_std: float, has_bias: bool,
+               parameterization: str) -> jax.Array | None:
+    """NTK after an affine layer whose input kernel is ``k`` and output NNGP is ``nngp_out``.
+
+    ``"ntk"``: the layer's own parameters contribute its output NNGP. ``"standard"``: weights of
+    variance ``W_std**2 / fan_in`` contribute ``fan_in * nngp_in`` and a bias ``1``. Either way the
+    earlier layers' NTK is carried through with factor ``W_std**2``.
+    """
+    if k.ntk is None:
+        return None
+    if parameterization == "ntk":
+        own = nngp_out
+    else:
+        own = fan_in * k.nngp + (1.0 if has_bias else 0.0)
+    return own + W_std ** 2 * k.ntk
+
+
+def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | None,
+          parameterization: str = "standard", distribution: str = "uniform") -> Layer:
+    """torch's ``nn.Linear(in_features, out_features, bias=b_std is not None)``.
+
+    Shapes: ``x (N, in_features) -> (N, out_features)``. Params ``{"weight": (out, in),
+    "bias": (out,)}`` with weight variance ``W_std**2 / in_features`` and bias variance
+    ``b_std**2``, drawn from ``distribution`` (``"uniform"`` as torch, or ``"normal"``).
+
+    Example:
+        >>> layer = Dense(3, 8, W_std=3 ** -0.5, b_std=1 / 3)
+        >>> out_shape, params = layer.init_fn(jax.random.key(0), (5, 3))
+        >>> layer.apply_fn(params, jnp.ones((5, 3))).shape
+        (5, 8)
+    """
+    has_bias = b_std is not None
+
+    def init_fn(key, input_shape):
+        if len(input_shape) < 2 or input_shape[-1] != in_features:
+            raise ShapeError(f"expects inputs of shape (N, ..., {in_features}), "
+                             f"got {tuple(input_shape)}")
+        kw, kb = jax.random.split(key)
+        params = {"weight": _sample(kw, (out_features, in_features),
+                                    W_std / in_features ** 0.5, distribution)}
+        if has_bias:
+            params["bias"] = _sample(kb, (out_features,), b_std, distribution)
+        return (*input_shape[:-1], out_features), params
+
+    def apply_fn(params, x):
+        y = jnp.matmul(x, params["weight"].T, precision=jax.lax.Precision.HIGHEST)
+        return y + params["bias"] if has_bias else y
+
+    def kernel_fn(k):
+        if len(k.shape1) != 2:
+            raise UnsupportedLayerError(
+                f"Linear on inputs of shape {k.shape1} has no kernel rule here: the analytic "
+                f"kernel needs (N, features) inputs (add nn.Flatten() before it).")
+        b_var = b_std ** 2 if has_bias else 0.0
+        affine = lambda c: W_std ** 2 * c + b_var
+        nngp = affine(k.nngp)
+        return k.replace(
+            nngp=nngp, cov1=affine(k.cov1), cov2=affine(k.cov2),
+            ntk=affine_ntk(k, nngp, in_features, W_std, has_bias, parameterization),
+            shape1=(k.shape1[0], out_features), shape2=(k.shape2[0], out_features),
+            is_gaussian=True)
+
+    return Layer(init_fn, apply_fn, kernel_fn)
+
+
+def Identity() -> Layer:
+    """torch's ``nn.Identity`` (and Dropout in eval mode): nothing changes."""
+    return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: x, lambda k: k)

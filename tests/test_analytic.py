@@ -1,0 +1,173 @@
+"""Analytic NNGP/NTK of Linear/ReLU networks: closed forms and Monte-Carlo over wide networks."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, jacrev, vmap
+
+import ntbridge
+
+W_STD = 3 ** -0.5  # torch's default init: Var(W) = 1 / (3 fan_in) ...
+B_STD = lambda fan_in: (3 * fan_in) ** -0.5  # ... and Var(b) = 1 / (3 fan_in)
+
+
+def mlp(d_in, widths, d_out, bias=True):
+    layers, fan_in = [], d_in
+    for w in widths:
+        layers += [nn.Linear(fan_in, w, bias=bias), nn.ReLU()]
+        fan_in = w
+    return nn.Sequential(*layers, nn.Linear(fan_in, d_out, bias=bias))
+
+
+def test_one_relu_layer_nngp_matches_numpy_arccos_kernel():
+    x = torch.randn(7, 5, dtype=torch.float64)
+    model = mlp(5, [16], 1)
+    got = ntbridge.nngp(model, x).numpy()
+
+    xn = x.numpy()
+    k0 = W_STD ** 2 * xn @ xn.T / 5 + B_STD(5) ** 2
+    d = np.sqrt(np.diag(k0))
+    cos = np.clip(k0 / np.outer(d, d), -1, 1)
+    t = np.arccos(cos)
+    k1 = np.outer(d, d) * (np.sin(t) + (np.pi - t) * np.cos(t)) / (2 * np.pi)
+    expected = W_STD ** 2 * k1 + B_STD(16) ** 2
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def test_relu_kernel_and_derivative_match_independent_integrals():
+    """E[relu(u) relu(v)] by adaptive 2D integration; E[relu'(u) relu'(v)] = P(u > 0, v > 0) by
+    Sheppard's orthant formula 1/4 + asin(rho) / (2 pi)."""
+    import jax
+    from scipy import integrate, stats
+    from ntbridge.stax import ab_relu_rule
+
+    for q1, q2, c in [(1.3, 0.7, 0.4), (1.0, 2.0, -1.1), (0.5, 0.5, 0.499)]:
+        density = stats.multivariate_normal([0, 0], [[q1, c], [c, q2]]).pdf
+        expected, _ = integrate.dblquad(lambda v, u: u * v * density([u, v]), 0, 12, 0, 12,
+                                        epsabs=1e-11, epsrel=1e-10)
+        with jax.enable_x64(True):
+            nngp, dot = ab_relu_rule(0.0, 1.0)(np.array(c), np.array(q1), np.array(q2))
+        np.testing.assert_allclose(float(nngp), expected, rtol=1e-7)
+        np.testing.assert_allclose(float(dot), 0.25 + math.asin(c / math.sqrt(q1 * q2)) / (2 * math.pi),
+                                   rtol=1e-12)
+
+
+def test_symmetric_exactly_and_dtypes():
+    model = mlp(4, [32, 32], 2)
+    x = torch.randn(9, 4)
+    k = ntbridge.kernel(model, x)
+    for v in k:
+        assert v.dtype == torch.float32
+        assert torch.equal(v, v.T)
+    k64 = ntbridge.kernel(model, x.double())
+    assert k64.ntk.dtype == torch.float64 and torch.equal(k64.ntk, k64.ntk.T)
+    torch.testing.assert_close(k64.ntk.float(), k.ntk, rtol=1e-5, atol=0)
+    assert ntbridge.ntk(model, x.half()).dtype == torch.float32
+
+
+def test_x2_matches_blocks_of_the_joint_kernel():
+    model = mlp(4, [32], 1)
+    x1, x2 = torch.randn(5, 4), torch.randn(3, 4)
+    full = ntbridge.ntk(model, torch.cat([x1, x2]))
+    torch.testing.assert_close(ntbridge.ntk(model, x1, x2), full[:5, 5:], rtol=1e-5, atol=1e-6)
+
+
+def test_hyperparameters_init_infer_and_explicit():
+    model = mlp(4, [256], 1).double()
+    x = torch.randn(6, 4, dtype=torch.float64)
+    with torch.no_grad():
+        for m in model:
+            if isinstance(m, nn.Linear):
+                m.weight.normal_(0, 1.7 / m.in_features ** 0.5)
+                m.bias.fill_(0.2)
+    hyper = {n.name: n.hyper for n in ntbridge.convert(model, init="infer").layers if n.hyper}
+    for name, h in hyper.items():
+        count = model.get_submodule(name).weight.numel()
+        # the variance estimate from `count` Gaussian entries has relative std sqrt(2 / count)
+        assert abs(h["W_std"] ** 2 / 1.7 ** 2 - 1) < 5 * (2 / count) ** 0.5
+        assert h["b_std"] == pytest.approx(0.2, rel=1e-12)
+    explicit = ntbridge.nngp(model, x, W_std={k: h["W_std"] for k, h in hyper.items()}, b_std=0.2)
+    torch.testing.assert_close(ntbridge.nngp(model, x, init="infer"), explicit, rtol=1e-12, atol=0)
+    assert not torch.allclose(explicit, ntbridge.nngp(model, x), rtol=0.1)
+
+
+# ---------------------------------------------------------------- Monte-Carlo over random inits
+
+def _gaussian_params(model, samples, parameterization, generator):
+    """``samples`` independent Gaussian draws of every parameter, with torch's init variances.
+
+    The first layer is exactly Gaussian only for Gaussian weights (torch's uniform init gives a
+    Gaussian pre-activation only as the input dimension grows), so the Monte-Carlo uses Gaussian
+    weights of the same variance; hidden layers are Gaussian in the limit either way.
+    """
+    out = {}
+    for name, p in model.named_parameters():
+        fan_in = model.get_submodule(name.rsplit(".", 1)[0]).in_features
+        std = 1.0 if parameterization == "ntk" else (W_STD / fan_in ** 0.5 if name.endswith("weight")
+                                                     else B_STD(fan_in))
+        out[name] = std * torch.randn(samples, *p.shape, generator=generator, dtype=torch.float64)
+    return out
+
+
+def _ntk_param_forward(model):
+    """The same architecture in NTK parameterization: W_std / sqrt(fan_in) W x + b_std b."""
+    def forward(params, x):
+        for name, m in model.named_children():
+            if isinstance(m, nn.Linear):
+                x = (W_STD / m.in_features ** 0.5 * x @ params[f"{name}.weight"].T
+                     + B_STD(m.in_features) * params[f"{name}.bias"])
+            else:
+                x = m(x)
+        return x
+    return forward
+
+
+def _monte_carlo(model, x, parameterization, samples, chunk=10, ntk_outputs=4):
+    """Per-sample empirical NNGP (mean over all outputs of f f') and NTK (trace-averaged over the
+    first ``ntk_outputs`` outputs, which are as good a sample and cost less)."""
+    gen = torch.Generator().manual_seed(1234)
+    forward = (_ntk_param_forward(model) if parameterization == "ntk"
+               else lambda p, xx: functional_call(model, p, (xx,)))
+    nngps, ntks = [], []
+    for _ in range(samples // chunk):
+        params = _gaussian_params(model, chunk, parameterization, gen)
+
+        def one(p):
+            f = forward(p, x)
+            single = lambda pp, xi: forward(pp, xi[None])[0, :ntk_outputs]
+            jac = vmap(jacrev(single), in_dims=(None, 0))(p, x)
+            ntk = sum(torch.einsum("nop,mop->nm", j.flatten(2), j.flatten(2)) for j in jac.values())
+            return f @ f.T / f.shape[1], ntk / ntk_outputs
+
+        a, b = vmap(one)(params)
+        nngps.append(a)
+        ntks.append(b)
+    return torch.cat(nngps), torch.cat(ntks)
+
+
+def _assert_within_standard_error(samples, exact, label):
+    """Every entry within 5 standard errors of the mean (errors estimated from the samples).
+
+    5 sigma per entry keeps the chance of a false failure negligible over all entries; the
+    standard error is asserted small (< 3% of the kernel) so the check has power.
+    """
+    mean, se = samples.mean(0), samples.std(0) / math.sqrt(samples.shape[0])
+    z = (mean - exact) / se
+    assert (se < 0.03 * exact.abs().max()).all(), f"{label}: too few samples to test anything"
+    assert z.abs().max() < 5, f"{label}: max |z| = {z.abs().max():.2f}\n{z}"
+
+
+@pytest.mark.parametrize("widths,samples", [([512], 400), ([512, 512], 200)])
+@pytest.mark.parametrize("parameterization", ["standard", "ntk"])
+def test_analytic_kernels_match_monte_carlo_of_wide_networks(widths, samples, parameterization):
+    # One hidden layer: the expected empirical kernels equal the analytic ones at any width. Two:
+    # the bias is O(1/width), about 1e-3 relative here, below one standard error.
+    x = torch.randn(5, 4, dtype=torch.float64)
+    model = mlp(4, widths, 256).double()  # many i.i.d. outputs: the NNGP's own noise is O(1)
+    nngp_samples, ntk_samples = _monte_carlo(model, x, parameterization, samples)
+    k = ntbridge.kernel(model, x, parameterization=parameterization)
+    _assert_within_standard_error(nngp_samples, k.nngp, "NNGP")
+    _assert_within_standard_error(ntk_samples, k.ntk, f"NTK ({parameterization})")

@@ -1,0 +1,94 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import ntbridge
+from ntbridge import dlpack
+from ntbridge.dlpack import precision, shares_memory, to_jax, to_torch
+from ntbridge.errors import InputTypeError
+
+cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() or not any(d.platform == "gpu" for d in jax.devices()),
+    reason="needs CUDA in torch and in JAX")
+
+
+def test_to_jax_is_zero_copy_on_cpu():
+    t = torch.randn(64, 33)
+    a = to_jax(t)
+    assert shares_memory(t, a)
+    np.testing.assert_array_equal(np.asarray(a), t.numpy())
+
+
+def test_to_torch_is_zero_copy_on_cpu():
+    a = jnp.sin(jnp.arange(100.0)).reshape(10, 10)
+    t = to_torch(a)
+    assert shares_memory(t, a)
+    np.testing.assert_array_equal(t.numpy(), np.asarray(a))
+
+
+def test_non_contiguous_and_misaligned_are_copied_once_and_correct():
+    base = torch.randn(8, 6)
+    for t in (base.T, base[:, ::2], base.flatten()[1:]):  # transposed, strided, misaligned
+        a = to_jax(t)
+        assert not shares_memory(t, a)
+        np.testing.assert_array_equal(np.asarray(a), t.numpy())
+
+
+def test_requires_grad_is_detached_and_low_precision_is_float32():
+    t = torch.randn(4, 3, requires_grad=True)
+    assert shares_memory(t, to_jax(t))
+    for dtype in (torch.float16, torch.bfloat16):
+        assert to_jax(t.to(dtype)).dtype == jnp.float32
+
+
+def test_float64_only_inside_precision_and_global_config_untouched():
+    before = jax.config.jax_enable_x64
+    t = torch.randn(3, 3, dtype=torch.float64)
+    with precision(torch.float64):
+        a = to_jax(t)
+        assert a.dtype == jnp.float64 and shares_memory(t, a)
+    assert jax.config.jax_enable_x64 == before
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+def test_non_float_inputs_are_refused(dtype):
+    with pytest.raises(InputTypeError, match="x1 has dtype"):
+        dlpack.kernel_dtype(torch.zeros(2, 2, dtype=dtype), "x1")
+
+
+def test_ntk_result_reaches_torch_without_copy(monkeypatch):
+    handed = []
+    original = ntbridge.api.to_torch
+
+    def spy(a):
+        t = original(a)
+        handed.append(shares_memory(t, a))
+        return t
+
+    monkeypatch.setattr(ntbridge.api, "to_torch", spy)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    k = ntbridge.ntk(model, torch.randn(5, 3))
+    assert handed == [True] and k.shape == (5, 5)
+
+
+@cuda
+def test_cuda_zero_copy_both_ways_and_stream_order():
+    x = torch.randn(2048, 512, device="cuda")
+    y = x * 2 + 1  # queued on torch's stream; JAX must see the finished values
+    a = to_jax(y)
+    assert shares_memory(y, a)
+    b = jnp.sin(a)
+    t = to_torch(b)
+    assert t.device == y.device and shares_memory(t, b)
+    torch.testing.assert_close(t, torch.sin(y))
+
+
+@cuda
+def test_cuda_kernel_result_on_the_gpu():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    x = torch.randn(5, 3)
+    k_gpu = ntbridge.ntk(model.cuda(), x.cuda())
+    assert k_gpu.device.type == "cuda"
+    torch.testing.assert_close(k_gpu.cpu(), ntbridge.ntk(model.cpu(), x), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,72 @@
+"""Bad input: every error comes from ntbridge.errors, names its argument or module, says the fix."""
+
+import pytest
+import torch
+from torch import nn
+
+import ntbridge
+from ntbridge import errors
+
+MODEL = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 2)))
+X = torch.randn(3, 4)
+
+
+@pytest.mark.parametrize("fn", [ntbridge.ntk, ntbridge.nngp, ntbridge.empirical_ntk])
+def test_integer_inputs(fn):
+    with pytest.raises(errors.InputTypeError, match=r"x1 has dtype torch.int64.*x1.float\(\)"):
+        fn(MODEL, torch.ones(3, 4, dtype=torch.int64))
+    with pytest.raises(errors.InputTypeError, match=r"x2 has dtype torch.bool"):
+        fn(MODEL, X, torch.ones(3, 4, dtype=torch.bool))
+
+
+def test_x1_x2_feature_mismatch():
+    with pytest.raises(errors.ShapeError, match=r"x1 and x2 must have the same shape per example"):
+        ntbridge.ntk(MODEL, X, torch.randn(2, 5))
+
+
+def test_input_does_not_fit_first_layer():
+    with pytest.raises(errors.ShapeError,
+                       match=r"x1 of shape \(3, 5\) does not fit the model: module 0 '0' \(Linear\): "
+                             r"expects inputs of shape \(N, \.\.\., 4\)"):
+        ntbridge.ntk(MODEL, torch.randn(3, 5))
+
+
+def test_input_does_not_fit_a_nested_layer():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(7, 2)))
+    with pytest.raises(errors.ShapeError, match=r"module 2 '2.0' \(Linear\)"):
+        ntbridge.empirical_ntk(model, X)
+
+
+def test_empty_batch_and_unbatched():
+    with pytest.raises(errors.InputError, match="x1 is an empty batch"):
+        ntbridge.ntk(MODEL, torch.randn(0, 4))
+    with pytest.raises(errors.ShapeError, match=r"x1\[None\]"):
+        ntbridge.ntk(MODEL, torch.randn(4))
+
+
+def test_unsupported_module_named_with_position_and_fix():
+    model = nn.Sequential(nn.Linear(4, 8), nn.Sequential(nn.ReLU(), nn.LSTMCell(8, 8)))
+    with pytest.raises(errors.UnsupportedLayerError,
+                       match=r"module 2 '1.1' \(LSTMCell\) has no converter.*Linear.*register_converter"):
+        ntbridge.ntk(model, X)
+
+
+def test_relu_after_relu_has_no_gaussian_rule():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.ReLU(), nn.Linear(8, 1))
+    with pytest.raises(errors.UnsupportedLayerError, match=r"module 2 '2' \(ReLU\).*Gaussian"):
+        ntbridge.ntk(model, X)
+
+
+def test_bad_options():
+    with pytest.raises(errors.InputError, match="parameterization must be one of"):
+        ntbridge.ntk(MODEL, X, parameterization="mean-field")
+    with pytest.raises(errors.InputError, match="init must be one of"):
+        ntbridge.ntk(MODEL, X, init="xavier")
+    with pytest.raises(errors.InputTypeError, match="W_std must be a non-negative float"):
+        ntbridge.ntk(MODEL, X, W_std="1.0")
+    with pytest.raises(errors.InputError, match=r"W_std names \['3'\].*valid names: \['0', '2.0'\]"):
+        ntbridge.ntk(MODEL, X, W_std={"3": 1.0})
+    with pytest.raises(errors.InputError, match="get must be"):
+        ntbridge.kernel(MODEL, X, get="ntkk")
+    with pytest.raises(errors.InputTypeError, match="model must be a torch.nn.Module"):
+        ntbridge.ntk(lambda x: x, X)
