@@ -6,12 +6,10 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call, jacrev, vmap
 
 import ntbridge
 
-W_STD = 3 ** -0.5  # torch's default init: Var(W) = 1 / (3 fan_in) ...
-B_STD = lambda fan_in: (3 * fan_in) ** -0.5  # ... and Var(b) = 1 / (3 fan_in)
+from montecarlo import B_STD, W_STD, assert_within_standard_error, sample_kernels
 
 
 def mlp(d_in, widths, d_out, bias=True):
@@ -96,78 +94,14 @@ def test_hyperparameters_init_infer_and_explicit():
 
 # ---------------------------------------------------------------- Monte-Carlo over random inits
 
-def _gaussian_params(model, samples, parameterization, generator):
-    """``samples`` independent Gaussian draws of every parameter, with torch's init variances.
-
-    The first layer is exactly Gaussian only for Gaussian weights (torch's uniform init gives a
-    Gaussian pre-activation only as the input dimension grows), so the Monte-Carlo uses Gaussian
-    weights of the same variance; hidden layers are Gaussian in the limit either way.
-    """
-    out = {}
-    for name, p in model.named_parameters():
-        fan_in = model.get_submodule(name.rsplit(".", 1)[0]).in_features
-        std = 1.0 if parameterization == "ntk" else (W_STD / fan_in ** 0.5 if name.endswith("weight")
-                                                     else B_STD(fan_in))
-        out[name] = std * torch.randn(samples, *p.shape, generator=generator, dtype=torch.float64)
-    return out
-
-
-def _ntk_param_forward(model):
-    """The same architecture in NTK parameterization: W_std / sqrt(fan_in) W x + b_std b."""
-    def forward(params, x):
-        for name, m in model.named_children():
-            if isinstance(m, nn.Linear):
-                x = (W_STD / m.in_features ** 0.5 * x @ params[f"{name}.weight"].T
-                     + B_STD(m.in_features) * params[f"{name}.bias"])
-            else:
-                x = m(x)
-        return x
-    return forward
-
-
-def _monte_carlo(model, x, parameterization, samples, chunk=10, ntk_outputs=4):
-    """Per-sample empirical NNGP (mean over all outputs of f f') and NTK (trace-averaged over the
-    first ``ntk_outputs`` outputs, which are as good a sample and cost less)."""
-    gen = torch.Generator().manual_seed(1234)
-    forward = (_ntk_param_forward(model) if parameterization == "ntk"
-               else lambda p, xx: functional_call(model, p, (xx,)))
-    nngps, ntks = [], []
-    for _ in range(samples // chunk):
-        params = _gaussian_params(model, chunk, parameterization, gen)
-
-        def one(p):
-            f = forward(p, x)
-            single = lambda pp, xi: forward(pp, xi[None])[0, :ntk_outputs]
-            jac = vmap(jacrev(single), in_dims=(None, 0))(p, x)
-            ntk = sum(torch.einsum("nop,mop->nm", j.flatten(2), j.flatten(2)) for j in jac.values())
-            return f @ f.T / f.shape[1], ntk / ntk_outputs
-
-        a, b = vmap(one)(params)
-        nngps.append(a)
-        ntks.append(b)
-    return torch.cat(nngps), torch.cat(ntks)
-
-
-def _assert_within_standard_error(samples, exact, label):
-    """Every entry within 5 standard errors of the mean (errors estimated from the samples).
-
-    5 sigma per entry keeps the chance of a false failure negligible over all entries; the
-    standard error is asserted small (< 3% of the kernel) so the check has power.
-    """
-    mean, se = samples.mean(0), samples.std(0) / math.sqrt(samples.shape[0])
-    z = (mean - exact) / se
-    assert (se < 0.03 * exact.abs().max()).all(), f"{label}: too few samples to test anything"
-    assert z.abs().max() < 5, f"{label}: max |z| = {z.abs().max():.2f}\n{z}"
-
-
 @pytest.mark.parametrize("widths,samples", [([512], 400), ([512, 512], 200)])
 @pytest.mark.parametrize("parameterization", ["standard", "ntk"])
 def test_analytic_kernels_match_monte_carlo_of_wide_networks(widths, samples, parameterization):
     # One hidden layer: the expected empirical kernels equal the analytic ones at any width. Two:
-    # the bias is O(1/width), about 1e-3 relative here, below one standard error.
+    # the bias is O(1/width), about 2e-3 relative here, below one standard error.
     x = torch.randn(5, 4, dtype=torch.float64)
     model = mlp(4, widths, 256).double()  # many i.i.d. outputs: the NNGP's own noise is O(1)
-    nngp_samples, ntk_samples = _monte_carlo(model, x, parameterization, samples)
+    nngp_samples, ntk_samples = sample_kernels(model, x, samples, parameterization)
     k = ntbridge.kernel(model, x, parameterization=parameterization)
-    _assert_within_standard_error(nngp_samples, k.nngp, "NNGP")
-    _assert_within_standard_error(ntk_samples, k.ntk, f"NTK ({parameterization})")
+    assert_within_standard_error(nngp_samples, k.nngp, "NNGP")
+    assert_within_standard_error(ntk_samples, k.ntk, f"NTK ({parameterization})")

@@ -82,11 +82,12 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
                 f"the model from supported modules in an nn.Sequential.")
         ctx = Context(name, index, options)
         layer = converter(module, ctx)
-        nodes.append(Node(index, name, module, layer, tuple(_tensors(module)), ctx.hyper))
+        nodes.append(Node(index, name, module, layer, tuple(_tensors(module)), ctx.hyper,
+                          inputs=(index - 1,)))
     options.check_names([n.name for n in nodes if n.hyper])
     floats = [t for t in model.parameters()] or [torch.empty(0)]
     with precision(floats[0].dtype):
         params = {n.key(p): to_jax(t, n.key(p)) for n in nodes for p, t in _tensors(n.module).items()}
     signature = (parameterization, tuple(
-        (n.name, _signature_part(n.module), tuple(sorted(n.hyper.items()))) for n in nodes))
+        (n.name, _signature_part(n.module), tuple(sorted(n.hyper.items())), n.inputs) for n in nodes))
     return Graph(nodes, params, signature)

@@ -10,7 +10,7 @@ import jax
 from torch import nn
 
 from ..errors import NtbridgeError
-from ..stax import Kernel, Layer, input_kernel, serial
+from ..stax import Kernel, Layer, dag, input_kernel
 from ..stax.kernel import symmetrize
 
 Params = dict[str, jax.Array]
@@ -34,6 +34,7 @@ class Node:
     layer: Layer
     param_names: tuple[str, ...]
     hyper: dict
+    inputs: tuple[int, ...]  # the nodes feeding this one; stax.INPUT (-1) is the model's input
 
     @property
     def where(self) -> str:
@@ -109,7 +110,7 @@ class Graph:
         self.layers = tuple(nodes)
         self.params = params
         self.signature = signature
-        self.network = serial(*(_located(n.layer, n.where) for n in nodes))
+        self.network = dag([_located(n.layer, n.where) for n in nodes], [n.inputs for n in nodes])
         layout = tuple(tuple((p, n.key(p)) for p in n.param_names) for n in nodes)
         self.apply_fn = functools.partial(_apply, self.network, layout)
         """The model's forward pass ``apply_fn(params, x)``, ``(N, *input) -> (N, *output)``."""

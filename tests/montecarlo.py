@@ -1,0 +1,82 @@
+"""Monte-Carlo estimates of a torch architecture's NNGP and NTK over random Gaussian inits.
+
+Independent of ntbridge: plain torch and torch.func. Affine modules (Linear, ConvNd) are redrawn
+Gaussian with torch's default init variances (``Var(W) = W_STD**2 / fan_in``, ``Var(b) =
+B_STD(fan_in)**2``); other parameters (e.g. LayerNorm's) keep their current values. Gaussian
+rather than torch's uniform: the analytic kernel assumes Gaussian pre-activations, which the first
+layer has exactly only for Gaussian weights.
+
+In NTK parameterization each parameter ``theta = sigma * omega`` is trained through ``omega``, so
+its NTK contribution is that of ``theta`` times ``sigma**2``: no separate model is needed.
+"""
+
+import math
+
+import torch
+from torch import nn
+from torch.func import functional_call, jacrev, vmap
+
+W_STD = 3 ** -0.5
+
+
+def B_STD(fan_in):
+    return (3 * fan_in) ** -0.5
+
+
+def init_stds(model: nn.Module) -> dict[str, float]:
+    """Standard deviation of each redrawn parameter, by its name in ``model.named_parameters()``."""
+    stds = {}
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)):
+            fan_in = m.weight[0].numel()
+            prefix = f"{name}." if name else ""
+            stds[prefix + "weight"] = W_STD / fan_in ** 0.5
+            if m.bias is not None:
+                stds[prefix + "bias"] = B_STD(fan_in)
+    return stds
+
+
+def sample_kernels(model: nn.Module, x: torch.Tensor, samples: int, parameterization="standard",
+                   chunk=10, ntk_outputs=4, seed=1234):
+    """Per-sample kernels ``(nngp, ntk)``, each ``(samples, N, N)``.
+
+    NNGP: ``f(x) f(x)^T`` averaged over all output units (``f`` flattened per example); NTK: the
+    empirical NTK averaged over the first ``ntk_outputs`` output units (as good a sample, cheaper).
+    Use many output units: the NNGP's own sample noise does not shrink with width.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    stds = init_stds(model)
+    fixed = {k: v.detach() for k, v in model.named_parameters() if k not in stds}
+    scale = {k: (s ** 2 if parameterization == "ntk" else 1.0) for k, s in stds.items()}
+    forward = lambda p, xx: functional_call(model, {**fixed, **p}, (xx,)).flatten(1)
+    nngps, ntks = [], []
+    for _ in range(math.ceil(samples / chunk)):
+        params = {k: s * torch.randn(chunk, *model.get_parameter(k).shape, generator=gen,
+                                     dtype=x.dtype) for k, s in stds.items()}
+
+        def one(p):
+            f = forward(p, x)
+            single = lambda pp, xi: forward(pp, xi[None])[0, :ntk_outputs]
+            jac = vmap(jacrev(single), in_dims=(None, 0))(p, x)
+            ntk = sum(scale[k] * torch.einsum("nop,mop->nm", j.flatten(2), j.flatten(2))
+                      for k, j in jac.items())
+            return f @ f.T / f.shape[1], ntk / min(ntk_outputs, f.shape[1])
+
+        a, b = vmap(one, randomness="same")(params)
+        nngps.append(a)
+        ntks.append(b)
+    return torch.cat(nngps)[:samples], torch.cat(ntks)[:samples]
+
+
+def assert_within_standard_error(samples: torch.Tensor, exact: torch.Tensor, label: str,
+                                 z_max: float = 5.0, power: float = 0.03):
+    """Every entry of the sample mean within ``z_max`` standard errors of ``exact``.
+
+    The standard error comes from the samples themselves. ``z_max = 5`` keeps the chance of a
+    false failure negligible over all entries; the standard error must be below ``power`` times
+    the kernel's largest entry, so that the check can fail on a real discrepancy.
+    """
+    mean, se = samples.mean(0), samples.std(0) / math.sqrt(samples.shape[0])
+    z = (mean - exact) / se
+    assert (se < power * exact.abs().max()).all(), f"{label}: too few samples to test anything"
+    assert z.abs().max() < z_max, f"{label}: max |z| = {z.abs().max():.2f}\n{z}"
