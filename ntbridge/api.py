@@ -15,15 +15,24 @@ import functools
 from typing import Sequence
 
 import jax
+import numpy as np
 import torch
 from torch import nn
 
+from . import batching
 from .converters import Graph, Kernels, convert
 from .converters.graph import compiled
 from .converters.registry import StdOption
 from .dlpack import kernel_dtype, precision, to_jax, to_torch
 from .empirical import empirical_nngp_fn, empirical_ntk_fn
 from .errors import InputError, InputTypeError, ShapeError
+from .stax.kernel import swap
+
+
+def _torch_result(a) -> torch.Tensor:
+    """A result handed to torch without a copy: JAX arrays by DLPack, host arrays and memory maps
+    by ``torch.from_numpy``."""
+    return torch.from_numpy(a) if isinstance(a, np.ndarray) else to_torch(a)
 
 
 def _check_inputs(x1: torch.Tensor, x2: torch.Tensor | None) -> tuple[torch.dtype, torch.Tensor | None]:
@@ -67,7 +76,9 @@ def _inputs(graph: Graph, x1: torch.Tensor, x2: torch.Tensor | None):
 
 def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
            get: str | Sequence[str] = ("nngp", "ntk"), *, parameterization: str = "standard",
-           init: str = "torch", W_std: StdOption = None, b_std: StdOption = None):
+           init: str = "torch", W_std: StdOption = None, b_std: StdOption = None,
+           batch_size: int | None = None, device_count: int = -1, store_on_device: bool = True,
+           progress: bool | None = None, out: str | None = None):
     """Infinite-width NNGP and/or NTK of ``model``'s architecture, in closed form.
 
     Args:
@@ -77,9 +88,13 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
       get: ``"nngp"``, ``"ntk"`` (returns a tensor) or a sequence of them (returns a named tuple
         ``Kernels(nngp, ntk)``, entries not asked for being None).
       parameterization, init, W_std, b_std: see ``ntbridge.convert``.
+      batch_size, device_count, store_on_device, progress, out: tiling over (N1, N2), devices,
+        where the result is kept, a progress bar, and a ``.npy`` file to write it to (resumable);
+        see ``ntbridge.batching.Batching``.
 
     Returns:
-      ``(N1, N2)`` kernels per output unit (the full kernel is ``K ⊗ I``), on x1's device.
+      ``(N1, N2)`` kernels per output unit (the full kernel is ``K ⊗ I``), on x1's device (on the
+      host with ``store_on_device=False``; a tensor over the file's memory map with ``out``).
 
     Example:
         >>> model = nn.Sequential(nn.Linear(3, 512), nn.ReLU(), nn.Linear(512, 1))
@@ -91,14 +106,20 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
     if not names or any(n not in ("nngp", "ntk") for n in names):
         raise InputError(f"get must be 'nngp', 'ntk' or a sequence of them, got {get!r}.")
     dtype, x2 = _check_inputs(x1, x2)
+    options = batching.Batching(batch_size, device_count, store_on_device, progress, out)
+    get = get if isinstance(get, str) else names
     with precision(dtype):
         graph = convert(model, parameterization=parameterization, init=init, W_std=W_std,
                         b_std=b_std)
         a1, a2 = _inputs(graph, x1, x2)
-        out = graph.kernel_fn(a1, a2, get=get if isinstance(get, str) else names)
+        fn = compiled(("analytic", graph.signature, get),
+                      lambda: functools.partial(graph._compiled_kernel, get=get))
+        diagonal = not graph.network.full_spatial
+        result = batching.compute(fn, a1, a2, options, swap=lambda a: swap(a, diagonal),
+                                  describe=("analytic", get, repr(graph.signature)))
     if isinstance(get, str):
-        return to_torch(out)
-    return Kernels(*(None if v is None else to_torch(v) for v in out))
+        return _torch_result(result)
+    return Kernels(*(None if v is None else _torch_result(v) for v in result))
 
 
 def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, **opts) -> torch.Tensor:

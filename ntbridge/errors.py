@@ -38,3 +38,11 @@ class ConversionError(NtbridgeError):
 
 class InitMismatchWarning(UserWarning):
     """The model's weights look inconsistent with the init the analytic kernel assumes."""
+
+
+class MemoryBudgetError(NtbridgeError, MemoryError):
+    """A kernel (or one tile of it) would not fit in memory; raised before allocating anything."""
+
+
+class ProcessError(NtbridgeError, RuntimeError):
+    """Another process of a ``jax.distributed`` run failed or did not answer in time."""

@@ -1,5 +1,9 @@
+import jax
 import pytest
 import torch
+
+# Four CPU devices for the batching tests (must be set before JAX's backend starts).
+jax.config.update("jax_num_cpu_devices", 4)
 
 
 @pytest.fixture(autouse=True)

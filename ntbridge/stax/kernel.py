@@ -139,9 +139,14 @@ def variances(k: Kernel) -> dict[str, tuple[jax.Array, jax.Array]]:
     }
 
 
-def symmetrize(a: jax.Array, diagonal_spatial: bool) -> jax.Array:
-    """``(a + a^T) / 2`` with ``^T`` swapping x1 and x2 (batch and spatial pairs): exactly symmetric."""
+def swap(a: jax.Array, diagonal_spatial: bool) -> jax.Array:
+    """The kernel ``a`` with x1 and x2 exchanged (batch axes and each spatial pair transposed)."""
     perm = [1, 0]
     for i in range(2, a.ndim, 1 if diagonal_spatial else 2):
         perm += [i] if diagonal_spatial else [i + 1, i]
-    return (a + jnp.transpose(a, perm)) / 2
+    return jnp.transpose(a, perm)
+
+
+def symmetrize(a: jax.Array, diagonal_spatial: bool) -> jax.Array:
+    """``(a + swap(a)) / 2``: exactly symmetric."""
+    return (a + swap(a, diagonal_spatial)) / 2

@@ -1,0 +1,157 @@
+"""Tiling, devices and kernel files never change a result; the memory planner refuses early."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import ntbridge
+from ntbridge import errors
+
+MODEL = nn.Sequential(nn.Linear(5, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))
+
+
+@pytest.fixture(scope="module")
+def data():
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(13, 5, generator=g), torch.randn(7, 5, generator=g)
+
+
+@pytest.mark.parametrize("batch_size,device_count",
+                         [(0, 1), (1, 2), (4, 1), (5, 2), (4, 4), (13, 4), (100, 1)])
+def test_analytic_batching_invariance(data, batch_size, device_count):
+    x1, x2 = data
+    ref = ntbridge.kernel(MODEL, x1, x2, batch_size=0, device_count=1)
+    got = ntbridge.kernel(MODEL, x1, x2, batch_size=batch_size, device_count=device_count)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=1e-7)
+    sym = ntbridge.ntk(MODEL, x1, batch_size=batch_size, device_count=device_count)
+    assert torch.equal(sym, sym.T)
+    torch.testing.assert_close(sym, ntbridge.ntk(MODEL, x1, batch_size=0), rtol=2e-6, atol=1e-7)
+
+
+def test_host_storage(data):
+    x1, x2 = data
+    k = ntbridge.ntk(MODEL, x1, x2, batch_size=4, store_on_device=False)
+    torch.testing.assert_close(k, ntbridge.ntk(MODEL, x1, x2), rtol=2e-6, atol=1e-7)
+
+
+def test_out_file_roundtrip_and_stale_refusal(data, tmp_path):
+    x1, x2 = data
+    path = tmp_path / "k.npy"
+    k = ntbridge.ntk(MODEL, x1, batch_size=4, out=str(path))
+    assert np.load(path).shape == (13, 13)
+    torch.testing.assert_close(k, ntbridge.ntk(MODEL, x1), rtol=2e-6, atol=1e-7)
+    record = json.loads((tmp_path / "k.npy.tiles.json").read_text())
+    assert len(record["done"]) == 10  # 4 row blocks: 4 + 3 + 2 + 1 tiles on and above the diagonal
+    again = ntbridge.ntk(MODEL, x1, batch_size=4, out=str(path))  # complete: nothing recomputed
+    assert torch.equal(again, k)
+    with pytest.raises(errors.InputError, match="different model, input or options"):
+        ntbridge.ntk(MODEL, x1 + 1, batch_size=4, out=str(path))
+    foreign = tmp_path / "foreign.npy"
+    np.save(foreign, np.zeros((13, 13), np.float32))
+    with pytest.raises(errors.InputError, match="no tile record"):
+        ntbridge.ntk(MODEL, x1, out=str(foreign))
+
+
+def test_memory_planner_refuses_quickly_without_allocating():
+    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 1))
+    x = torch.randn(400_000, 5)  # a 640 GB kernel
+    start = time.perf_counter()
+    with pytest.raises(errors.MemoryBudgetError, match="out='kernel.npy'"):
+        ntbridge.ntk(model, x)
+    assert time.perf_counter() - start < 10
+
+
+def test_bad_batching_options(data):
+    x1, _ = data
+    for kwargs, match in [({"batch_size": -1}, "batch_size must be >= 0"),
+                          ({"batch_size": 2.5}, "batch_size must be an int"),
+                          ({"device_count": 0}, "device_count must be"),
+                          ({"device_count": 64}, "only 4 local devices"),
+                          ({"out": "kernel.txt"}, "out must be a path ending in .npy")]:
+        with pytest.raises(errors.InputError, match=match):
+            ntbridge.ntk(MODEL, x1, **kwargs)
+
+
+WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
+
+
+def _worker(args, env=None, **kw):
+    return subprocess.Popen([sys.executable, WORKER, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, **kw)
+
+
+def test_killed_run_resumes_with_only_the_missing_tiles(tmp_path):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from distributed_worker import problem
+    path, record = tmp_path / "k.npy", tmp_path / "k.npy.tiles.json"
+    env = {"WORKER_N": "60"}
+    proc = _worker([str(tmp_path / "unused"), "--kernel-file", str(path), "--batch-size", "2"], env)
+    deadline = time.time() + 120
+    done = []
+    while time.time() < deadline and len(done) < 20:
+        time.sleep(0.05)
+        try:
+            done = json.loads(record.read_text())["done"]
+        except (OSError, ValueError, KeyError):
+            pass
+    proc.kill()
+    proc.wait()
+    done = json.loads(record.read_text())["done"]
+    total = 30 * 31 // 2
+    assert 20 <= len(done) < total, "the worker must be killed midway"
+
+    os.environ["WORKER_N"] = "60"
+    try:
+        model, x = problem()
+    finally:
+        del os.environ["WORKER_N"]
+    resumed = ntbridge.ntk(model, x, batch_size=2, out=str(path))
+    assert ntbridge.batching.LAST_RUN.computed == total - len(done)
+    torch.testing.assert_close(resumed, ntbridge.ntk(model, x), rtol=2e-6, atol=1e-7)
+    assert torch.equal(resumed, resumed.T)
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_assemble_the_full_kernel(tmp_path):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from distributed_worker import problem
+    port = str(_free_port())
+    procs = [_worker([str(tmp_path / "k"), "--process", str(i), "--port", port]) for i in (0, 1)]
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err[-3000:]
+    model, x = problem()
+    expected = ntbridge.ntk(model, x, batch_size=3).numpy()
+    for i in (0, 1):
+        np.testing.assert_allclose(np.load(tmp_path / f"k-{i}.npy"), expected, rtol=2e-6, atol=1e-7)
+
+
+def test_a_dead_process_makes_the_other_fail_clearly(tmp_path):
+    """Process 1 dies after joining. Process 0 fails, bounded in time, with either ntbridge's
+    ProcessError (its wait for the peer's tiles times out) or, if JAX's heartbeat check notices
+    first, JAX's own termination saying that another task died: never a hang."""
+    port = str(_free_port())
+    env = {"NTBRIDGE_PEER_TIMEOUT": "5"}
+    start = time.time()
+    procs = [_worker([str(tmp_path / "k"), "--process", str(i), "--port", port, "--die"], env)
+             for i in (0, 1)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert procs[1].returncode == 3
+    assert procs[0].returncode != 0
+    err = results[0][1]
+    assert ("ProcessError" in err and "did not deliver its tiles" in err) or "another task died" in err
+    assert time.time() - start < 60
