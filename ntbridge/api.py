@@ -12,7 +12,7 @@ Conventions (see each function):
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -24,8 +24,10 @@ from .converters import Graph, Kernels, convert
 from .converters.graph import compiled
 from .converters.registry import StdOption
 from .dlpack import kernel_dtype, precision, to_jax, to_torch
-from .empirical import empirical_nngp_fn, empirical_ntk_fn
+from .empirical import empirical_nngp_fn, empirical_ntk_fn, normalize_axes, swap_x1_x2
 from .errors import InputError, InputTypeError, ShapeError
+# imported before ntbridge/__init__ binds the name ``monte_carlo`` to the function below
+from .monte_carlo import Moments, sample_range_fn
 from .stax.kernel import swap
 
 
@@ -195,3 +197,83 @@ def empirical_nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None =
         torch.Size([20, 20])
     """
     return _empirical("nngp", model, x1, x2, trace_axes, diagonal_axes)
+
+
+class Estimate(NamedTuple):
+    """A Monte-Carlo kernel estimate: the mean over ``n_samples`` initialisations and its
+    standard error (same shape), as torch tensors."""
+
+    mean: torch.Tensor
+    standard_error: torch.Tensor
+    n_samples: int
+
+
+def _sample_counts(n_samples) -> list[int]:
+    counts = [n_samples] if isinstance(n_samples, int) and not isinstance(n_samples, bool) else n_samples
+    try:
+        counts = [int(c) for c in counts]
+    except (TypeError, ValueError):
+        raise InputTypeError(f"n_samples must be an int or a list of ints, got {n_samples!r}.") from None
+    if not counts or counts[0] < 1 or any(b <= a for a, b in zip(counts, counts[1:])):
+        raise InputError(f"n_samples must be >= 1 (a list: increasing), got {n_samples!r}.")
+    return counts
+
+
+def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *,
+                n_samples: int | Sequence[int], get: str = "ntk", seed: int = 0,
+                trace_axes: Sequence[int] = (-1,), diagonal_axes: Sequence[int] = (),
+                init: str = "torch", W_std: StdOption = None, b_std: StdOption = None,
+                batch_size: int | None = None, device_count: int = -1,
+                store_on_device: bool = True, progress: bool | None = None):
+    """The empirical NTK or NNGP averaged over ``n_samples`` fresh initialisations of ``model``'s
+    architecture, with its standard error.
+
+    Parameters are drawn by the converter's ``init_fn`` from the init in use (``init="torch"``:
+    torch's default uniform init; explicit ``W_std``/``b_std``: Gaussian), so the model's own
+    weights do not matter. Works for layers without a closed form (MaxPool, BatchNorm, ...).
+
+    Args:
+      n_samples: an int, or an increasing list of ints: then a generator yields the running
+        :class:`Estimate` at each of those counts (the samples are shared, not redrawn).
+      get: ``"ntk"`` or ``"nngp"`` (the outputs' products ``f(x1) f(x2)``).
+      seed: the samples are ``fold_in(key(seed), s)`` for ``s = 0, 1, ...``.
+      trace_axes, diagonal_axes: as :func:`empirical_ntk`.
+      Other options: as :func:`kernel`.
+
+    Example:
+        >>> est = ntbridge.monte_carlo(model, x, n_samples=100)
+        >>> est.mean.shape, est.standard_error.shape
+        (torch.Size([8, 8]), torch.Size([8, 8]))
+    """
+    if get not in ("ntk", "nngp"):
+        raise InputError(f"get must be 'ntk' or 'nngp', got {get!r}.")
+    counts = _sample_counts(n_samples)
+    dtype, x2 = _check_inputs(x1, x2)
+    options = batching.Batching(batch_size, device_count, store_on_device, progress)
+    axes = (tuple(trace_axes), tuple(diagonal_axes))
+
+    def running():
+        moments, done = None, 0
+        for count in counts:
+            with precision(dtype):
+                graph = convert(model, init=init, W_std=W_std, b_std=b_std)
+                a1, a2 = _inputs(graph, x1, x2)
+                out_ndim = len(graph.output_shape(a1.shape))
+                fixed = normalize_axes(*axes, out_ndim)
+                fn = compiled(("monte_carlo", graph.signature, get, seed, done, count, fixed),
+                              lambda: sample_range_fn(graph, get, seed, done, count, *fixed))
+                mean, m2 = batching.compute(fn, a1, a2, options,
+                                            swap=lambda k: swap_x1_x2(k, out_ndim, *fixed))
+                part = Moments(count - done, jax.numpy.asarray(mean), jax.numpy.asarray(m2))
+                moments = part if moments is None else moments.merge(part)
+                estimate = Estimate(_torch_result(np.asarray(moments.mean) if not store_on_device
+                                                  else moments.mean),
+                                    _torch_result(np.asarray(moments.standard_error)
+                                                  if not store_on_device else moments.standard_error),
+                                    count)
+            done = count
+            yield estimate
+
+    if isinstance(n_samples, int):
+        return next(running())
+    return running()

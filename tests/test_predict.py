@@ -1,0 +1,78 @@
+"""predict against direct numpy/scipy computations; testing's report."""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+from ntbridge import errors, predict
+from ntbridge.testing import assert_kernels_close, compare_kernels
+
+
+def psd(n, m, seed):
+    """A joint PSD kernel over n train + m test points (float64 torch), split into blocks."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(n + m, n + m + 3))
+    k = a @ a.T / a.shape[1]
+    t = torch.from_numpy(k)
+    return t[:n, :n], t[n:, :n], t[n:, n:], t
+
+
+def test_gp_inference_matches_numpy():
+    ktt, kst, kss, _ = psd(8, 3, 0)
+    y = torch.from_numpy(np.random.default_rng(1).normal(size=(8, 2)))
+    pred = predict.gp_inference(ktt, y, kst, kss, diag_reg=1e-3)
+    reg = ktt.numpy() + 1e-3 * np.mean(np.diag(ktt.numpy())) * np.eye(8)
+    np.testing.assert_allclose(pred.mean.numpy(), kst.numpy() @ np.linalg.solve(reg, y.numpy()),
+                               rtol=1e-10)
+    cov = kss.numpy() - kst.numpy() @ np.linalg.solve(reg, kst.numpy().T)
+    np.testing.assert_allclose(pred.covariance.numpy(), cov, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("t", [0.0, 0.3, 2.0, math.inf])
+def test_gradient_descent_ensemble_matches_expm_and_linear_gaussian_algebra(t):
+    ntt, nst, _, _ = psd(7, 3, 2)
+    ktt, kst, kss, joint = psd(7, 3, 3)
+    y = torch.from_numpy(np.random.default_rng(4).normal(size=(7, 1)))
+    pred = predict.gradient_descent_mse_ensemble(ntt, y, nst, t, nngp_train_train=ktt,
+                                                 nngp_test_train=kst, nngp_test_test=kss, lr=0.7)
+    theta = ntt.numpy()
+    if t == math.inf:
+        p = nst.numpy() @ np.linalg.inv(theta)
+    else:
+        p = nst.numpy() @ np.linalg.solve(theta, np.eye(7) - scipy.linalg.expm(-0.7 * t * theta))
+    np.testing.assert_allclose(pred.mean.numpy(), p @ y.numpy(), rtol=1e-8, atol=1e-12)
+    # f_t(x*) = f_0(x*) - P (f_0(X) - y): a linear map of the joint Gaussian prior f_0 ~ N(0, joint)
+    lin = np.concatenate([-p, np.eye(3)], axis=1)
+    np.testing.assert_allclose(pred.covariance.numpy(), lin @ joint.numpy() @ lin.T, rtol=1e-7,
+                               atol=1e-10)
+
+
+def test_infinite_time_is_kernel_regression_and_needs_a_regular_kernel():
+    ntt, nst, _, _ = psd(6, 2, 5)
+    y = torch.arange(6.0, dtype=torch.float64)[:, None]
+    pred = predict.gradient_descent_mse_ensemble(ntt, y, nst)
+    np.testing.assert_allclose(pred.mean.numpy(), nst.numpy() @ np.linalg.solve(ntt.numpy(), y.numpy()),
+                               rtol=1e-8)
+    singular = torch.ones(3, 3, dtype=torch.float64)
+    with pytest.raises(errors.InputError, match="diag_reg"):
+        predict.gradient_descent_mse_ensemble(singular, torch.ones(3, 1), torch.ones(1, 3))
+    with pytest.raises(errors.InputError, match="y_train has 4 rows"):
+        predict.gp_inference(ntt[:3, :3], torch.ones(4, 1), nst[:, :3])
+
+
+def test_assert_kernels_close_reports_the_worst_entry():
+    a = torch.eye(3)
+    b = a.clone()
+    b[1, 2] = 0.5
+    assert_kernels_close(a, a.clone())
+    with pytest.raises(AssertionError, match=r"worst entry \(1, 2\): actual 0, expected 0.5"):
+        assert_kernels_close(a, b, rtol=1e-3)
+    report = compare_kernels(a, b)
+    assert not report.close and report.max_abs_error == 0.5
+    assert report.rel_frobenius_error == pytest.approx(0.5 / math.sqrt(3.25))
+    nan = a.clone()
+    nan[0, 0] = float("nan")
+    assert not compare_kernels(nan, a).close
