@@ -84,6 +84,82 @@ def device_scaling(n: int) -> None:
             times[d] / times[1], f"{times[d] * 1e3:.1f} ms vs {times[1] * 1e3:.1f} ms")
 
 
+def torch_func_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor, how: str) -> torch.Tensor:
+    """The full empirical NTK (N1, N2, O, O) the torch.func way: Jacobian contraction or
+    NTK-vector products (vmap over the output basis of a VJP, then a JVP)."""
+    from torch.func import functional_call, jacrev, jvp, vjp, vmap
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    single = lambda p, x: functional_call(model, p, (x[None],))[0]
+    if how == "jacobian":
+        j1 = vmap(jacrev(single), (None, 0))(params, x1)
+        j2 = vmap(jacrev(single), (None, 0))(params, x2)
+        return sum(torch.einsum("nof,mpf->nmop", a.flatten(2), j2[k].flatten(2))
+                   for k, a in j1.items())
+    f1 = lambda p: functional_call(model, p, (x1,))
+
+    def per_x2(x):
+        _, pull = vjp(lambda p: single(p, x), params)
+        column = lambda ct: jvp(f1, (params,), pull(ct))[1]  # (N1, O)
+        return vmap(column)(torch.eye(model(x1[:1]).shape[-1], dtype=x1.dtype))
+
+    return vmap(per_x2)(x2).permute(2, 0, 3, 1)
+
+
+def strategies_vs_auto(name: str, model: nn.Module, x1, x2, trace_axes, limit_s: float,
+                       repeats: int) -> dict[str, float]:
+    """Each empirical strategy's time and compiled working memory vs the one auto picked; those
+    XLA estimates above ``limit_s`` seconds are reported, not run. Returns the measured times."""
+    call = lambda impl="auto": ntbridge.empirical_ntk(model, x1, x2, trace_axes=trace_axes,
+                                                      implementation=impl)
+    _, info = ntbridge.empirical_ntk(model, x1, x2, trace_axes=trace_axes, return_info=True)
+    times = {"auto": best_time(call, repeats)}
+    print(f"  auto picked {info.implementation}: {info.reason}")
+    for impl, cost in sorted(info.costs.items()):
+        memory = f"temp memory {cost['temp_bytes'] / 2 ** 20:.0f} MiB"
+        too_big = cost["estimated_s"] > limit_s or cost["temp_bytes"] > 2 ** 32
+        if too_big and impl != info.implementation:
+            print(f"{name + ': ' + impl + ' / auto':<52} {'-':>8}    not run: XLA estimate "
+                  f"{cost['estimated_s']:.1f} s, {memory}")
+            continue
+        times[impl] = best_time(lambda: call(impl), repeats)
+        row(f"{name}: {impl} / auto", times[impl] / times["auto"],
+            f"{impl} {times[impl] * 1e3:.1f} ms, {memory}")
+    fastest = min(t for k, t in times.items() if k != "auto")
+    verdict = "PASS" if times["auto"] <= 1.2 * fastest else "FAIL"
+    print(f"  check auto <= 1.2x fastest strategy: auto {times['auto'] * 1e3:.1f} ms, fastest "
+          f"{fastest * 1e3:.1f} ms: {verdict}")
+    return times
+
+
+def empirical_cnn(repeats: int) -> None:
+    """The torch.func NTK tutorial's CNN, full kernel of 20 x 5 images: ntbridge auto vs torch.func."""
+    from ntbridge.converters.registry import find_converter
+    name = "CNN empirical NTK (20x5 images, full)"
+    if find_converter(nn.Conv2d(1, 1, 1)) is None:
+        print(f"{name:<52} skipped: Conv2d not supported yet")
+        return
+    model = nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Conv2d(32, 32, 3), nn.ReLU(),
+                          nn.Conv2d(32, 32, 3), nn.Flatten(), nn.Linear(32 * 26 * 26, 10))
+    x1, x2 = torch.randn(20, 3, 32, 32), torch.randn(5, 3, 32, 32)
+    times = strategies_vs_auto(name, model, x1, x2, (), limit_s=60, repeats=repeats)
+    for how in ("jacobian", "ntvp"):
+        t = best_time(lambda: torch_func_ntk(model, x1, x2, how), repeats)
+        verdict = ("PASS" if times["auto"] <= 0.5 * t else "FAIL") if how == "jacobian" else \
+            ("PASS" if times["auto"] < t else "FAIL")
+        row(f"{name}: auto / torch.func {how}", times["auto"] / t,
+            f"torch.func {t * 1e3:.1f} ms; target {'<= 0.5x' if how == 'jacobian' else '< 1x'}: "
+            f"{verdict}")
+
+
+def empirical_wide_mlp(n: int, repeats: int) -> None:
+    """784 -> 3 x [2048, ReLU] -> 10, full kernel of N x N: the structured strategy's advantage."""
+    layers = [nn.Linear(784, 2048), nn.ReLU()] + [nn.Linear(2048, 2048), nn.ReLU()] * 2
+    model = nn.Sequential(*layers, nn.Linear(2048, 10))
+    x = torch.randn(n, 784)
+    strategies_vs_auto(f"wide MLP empirical NTK (N={n}, full)", model, x, None, (), limit_s=60,
+                       repeats=repeats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
@@ -95,6 +171,11 @@ def main() -> None:
     dlpack_handoff(n)
     tiling_overhead(n)
     device_scaling(n)
+
+
+    repeats = 2 if args.quick else 5
+    empirical_wide_mlp(64 if args.quick else 256, repeats)
+    empirical_cnn(repeats)
 
 
 if __name__ == "__main__":

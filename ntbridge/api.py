@@ -11,6 +11,7 @@ Conventions (see each function):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple, Sequence
 
@@ -24,7 +25,7 @@ from .converters import Graph, Kernels, convert
 from .converters.graph import compiled
 from .converters.registry import StdOption
 from .dlpack import kernel_dtype, precision, to_jax, to_torch
-from .empirical import empirical_nngp_fn, empirical_ntk_fn, normalize_axes, swap_x1_x2
+from .empirical import IMPLEMENTATIONS, Axes, empirical_nngp_fn, empirical_ntk_fn, normalize_axes, swap_x1_x2
 from .errors import InputError, InputTypeError, ShapeError
 # imported before ntbridge/__init__ binds the name ``monte_carlo`` to the function below
 from .monte_carlo import Moments, sample_range_fn
@@ -114,8 +115,8 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
         graph = convert(model, parameterization=parameterization, init=init, W_std=W_std,
                         b_std=b_std)
         a1, a2 = _inputs(graph, x1, x2)
-        fn = compiled(("analytic", graph.signature, get),
-                      lambda: functools.partial(graph._compiled_kernel, get=get))
+        fn = compiled(("analytic", graph.signature, get), lambda: functools.partial(
+            lambda kernel_fn, args, t1, t2: kernel_fn(t1, t2, get=get), graph._compiled_kernel))
         diagonal = not graph.network.full_spatial
         result = batching.compute(fn, a1, a2, options, swap=lambda a: swap(a, diagonal),
                                   describe=("analytic", get, repr(graph.signature)))
@@ -142,61 +143,114 @@ def nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, **o
     return kernel(model, x1, x2, "nngp", **opts)
 
 
+def _batch_statistics(graph: Graph) -> list[str]:
+    """The modules whose output for one example depends on the others in the batch."""
+    return [n.where for n in graph.layers
+            if isinstance(n.module, nn.modules.batchnorm._BatchNorm)
+            and (n.module.training or n.module.running_mean is None)]
+
+
 def _empirical(which: str, model: nn.Module, x1, x2, trace_axes, diagonal_axes,
-               implementation: str = "jacobian") -> torch.Tensor:
+               implementation: str = "auto", by_layer: bool = False, return_info: bool = False,
+               **batching_options):
+    if implementation not in IMPLEMENTATIONS:
+        raise InputError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}.")
     dtype, x2 = _check_inputs(x1, x2)
+    options = batching.Batching(**batching_options)
     with precision(dtype):
         graph = convert(model)
-        if which == "ntk" and not graph.params:
+        trainable = {n.key(p) for n in graph.layers for p, _ in n.module.named_parameters(recurse=False)}
+        params = {k: v for k, v in graph.params.items() if k in trainable}
+        state = {k: v for k, v in graph.params.items() if k not in trainable}
+        if which == "ntk" and not params:
             raise InputError("the model has no parameters, so its empirical NTK is undefined; "
                              "use ntbridge.empirical_nngp, or the analytic ntbridge.ntk.")
-        model_dtype = {p.dtype for p in graph.params.values()}
+        model_dtype = {p.dtype for p in params.values()}
         if model_dtype and model_dtype != {jax.numpy.dtype(str(dtype).removeprefix("torch."))}:
             raise InputTypeError(f"the model's parameters are {model_dtype.pop()} but x1 is "
                                  f"{x1.dtype}; convert one to the other, e.g. model.to({x1.dtype}).")
         a1, a2 = _inputs(graph, x1, x2)
-        build = (functools.partial(empirical_ntk_fn, implementation=implementation)
-                 if which == "ntk" else empirical_nngp_fn)
-        fn = compiled((which, implementation, graph.signature), lambda: jax.jit(
-            build(graph.apply_fn), static_argnames=("trace_axes", "diagonal_axes")))
-        out = fn(graph.params, a1, a2, trace_axes=tuple(trace_axes),
-                 diagonal_axes=tuple(diagonal_axes))
-    return to_torch(out)
+        interact = bool(_batch_statistics(graph))
+        if interact:
+            if options.batch_size or options.device_count not in (-1, 1):
+                raise InputError("the model's examples interact (BatchNorm using batch statistics), "
+                                 "so its kernel cannot be tiled; drop batch_size and device_count, "
+                                 "or put the model in eval mode (model.eval()).")
+            options = dataclasses.replace(options, batch_size=0, device_count=1)
+        axes_options = dict(trace_axes=tuple(trace_axes), diagonal_axes=tuple(diagonal_axes))
+        if which == "ntk":
+            dispatch = compiled(("empirical_ntk", implementation, interact, graph.signature),
+                                lambda: empirical_ntk_fn(graph, implementation,
+                                                         examples_interact=interact))
+            run, info, axes = dispatch.plan(params, a1, a2, by_layer=by_layer, state=state,
+                                            **axes_options)
+            args = (params, state)
+        else:
+            nngp_fn = compiled(("empirical_nngp", interact, graph.signature),
+                               lambda: empirical_nngp_fn(graph.apply_fn, examples_interact=interact))
+            run = compiled(("empirical_nngp_run", interact, graph.signature, *axes_options.values()),
+                           lambda: lambda args, t1, t2: nngp_fn(args, t1, t2, **axes_options))
+            out_ndim = len(graph.output_shape(a1.shape))
+            info, axes = None, Axes(out_ndim, *normalize_axes(*axes_options.values(), out_ndim))
+            args = graph.params
+        k = batching.compute(run, a1, a2, options, args=args, swap=lambda v: swap_x1_x2(v, axes),
+                             describe=(which, implementation, by_layer, axes, repr(graph.signature),
+                                       *jax.tree.leaves(args)))
+    k = {name: _torch_result(v) for name, v in k.items()} if by_layer else _torch_result(k)
+    return (k, info) if return_info else k
 
 
 def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *,
                   implementation: str = "auto", trace_axes: Sequence[int] = (-1,),
-                  diagonal_axes: Sequence[int] = ()) -> torch.Tensor:
+                  diagonal_axes: Sequence[int] = (), by_layer: bool = False,
+                  return_info: bool = False, **batching_options):
     """The finite-width NTK of ``model`` at its current weights (w.r.t. all its parameters).
 
     Equals what ``torch.func`` computes on the same model (jacobian contraction). Axes follow
     Neural Tangents (see ``ntbridge.empirical``): the default ``trace_axes=(-1,)`` averages over the
     output units, giving ``(N1, N2)`` comparable to :func:`ntk`; ``trace_axes=()`` gives
-    ``(N1, N2, O, O)``.
+    ``(N1, N2, O, O)``; ``diagonal_axes=(-1,)`` (with ``trace_axes=()``) ``(N1, N2, O)``.
+
+    Models with BatchNorm using batch statistics (train mode): an example's output depends on the
+    whole batch, so the kernel is that of the joint batch ``X = cat(x1, x2)`` (``x1`` alone when x2
+    is None), as ``torch.func.jacrev`` of ``model(X)`` gives it: ``J(X)[:N1] J(X)[N1:]^T``.
 
     Args:
       model: a supported model; its dtype must match x1's.
       x1, x2: as in :func:`kernel`.
-      implementation: ``"jacobian"`` or ``"auto"``.
+      implementation: ``"auto"`` (chooses by XLA's cost estimate, once per shape signature),
+        ``"jacobian"``, ``"ntvp"`` (NTK-vector products) or ``"structured"`` (layer derivative
+        structure); see ``ntbridge.empirical``.
+      trace_axes, diagonal_axes: output axes to average over / to keep the diagonal of.
+      by_layer: return a dict from each module's qualified name (modules with parameters) to its
+        contribution; the contributions sum to the kernel.
+      return_info: also return a ``StrategyInfo`` (chosen strategy, candidates' costs, reason).
+      batching_options: ``batch_size``, ``device_count``, ``store_on_device``, ``progress``,
+        ``out``, as in :func:`kernel`.
 
     Example:
         >>> ntbridge.empirical_ntk(model, x1, x2).shape
         torch.Size([20, 5])
+        >>> k, info = ntbridge.empirical_ntk(model, x1, return_info=True)
+        >>> info.implementation
+        'structured'
     """
-    return _empirical("ntk", model, x1, x2, trace_axes, diagonal_axes, implementation)
+    return _empirical("ntk", model, x1, x2, trace_axes, diagonal_axes, implementation, by_layer,
+                      return_info, **batching_options)
 
 
 def empirical_nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *,
-                   trace_axes: Sequence[int] = (-1,), diagonal_axes: Sequence[int] = ()
-                   ) -> torch.Tensor:
+                   trace_axes: Sequence[int] = (-1,), diagonal_axes: Sequence[int] = (),
+                   **batching_options) -> torch.Tensor:
     """The outputs' products ``f(x1) f(x2)`` of ``model`` at its current weights, axes as
-    :func:`empirical_ntk` (with ``trace_axes=(-1,)``, the mean over output units).
+    :func:`empirical_ntk` (with ``trace_axes=(-1,)``, the mean over output units; BatchNorm using
+    batch statistics: the outputs of the joint batch).
 
     Example:
         >>> ntbridge.empirical_nngp(model, x1).shape
         torch.Size([20, 20])
     """
-    return _empirical("nngp", model, x1, x2, trace_axes, diagonal_axes)
+    return _empirical("nngp", model, x1, x2, trace_axes, diagonal_axes, **batching_options)
 
 
 class Estimate(NamedTuple):
@@ -259,11 +313,12 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
                 graph = convert(model, init=init, W_std=W_std, b_std=b_std)
                 a1, a2 = _inputs(graph, x1, x2)
                 out_ndim = len(graph.output_shape(a1.shape))
-                fixed = normalize_axes(*axes, out_ndim)
+                fixed = Axes(out_ndim, *normalize_axes(*axes, out_ndim))
                 fn = compiled(("monte_carlo", graph.signature, get, seed, done, count, fixed),
-                              lambda: sample_range_fn(graph, get, seed, done, count, *fixed))
+                              lambda: sample_range_fn(graph, get, seed, done, count,
+                                                      fixed.trace, fixed.diagonal))
                 mean, m2 = batching.compute(fn, a1, a2, options,
-                                            swap=lambda k: swap_x1_x2(k, out_ndim, *fixed))
+                                            swap=lambda k: swap_x1_x2(k, fixed))
                 part = Moments(count - done, jax.numpy.asarray(mean), jax.numpy.asarray(m2))
                 moments = part if moments is None else moments.merge(part)
                 estimate = Estimate(_torch_result(np.asarray(moments.mean) if not store_on_device

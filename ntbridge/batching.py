@@ -41,7 +41,7 @@ from .errors import InputError, InputTypeError, MemoryBudgetError, ProcessError
 
 PEER_TIMEOUT_S = float(os.environ.get("NTBRIDGE_PEER_TIMEOUT", "600"))
 MEMORY_FRACTION = 0.8  # share of free memory a computation may plan to use
-KernelFn = Callable[[jax.Array, jax.Array | None], jax.Array]
+KernelFn = Callable[[Any, jax.Array, jax.Array | None], Any]  # fn(args, x1_tile, x2_tile_or_None)
 LAST_RUN = threading.local()  # this thread's last compute(): .tiles (all) and .computed (by it)
 
 
@@ -108,19 +108,25 @@ def _pad(x: jax.Array, start: int, size: int) -> jax.Array:
 
 
 class _Runner:
-    """``fn`` jitted for stacks of tiles, one tile per device (``vmap`` over a sharded axis)."""
+    """``fn`` jitted for stacks of tiles, one tile per device (``vmap`` over a sharded axis); its
+    ``args`` (e.g. parameters) are replicated on every device."""
 
     def __init__(self, fn: KernelFn, devices: list, symmetric_tile: bool):
-        self.sharding = NamedSharding(Mesh(np.array(devices), ("tiles",)), PartitionSpec("tiles"))
+        mesh = Mesh(np.array(devices), ("tiles",))
+        self.sharding = NamedSharding(mesh, PartitionSpec("tiles"))
+        self.replicated = NamedSharding(mesh, PartitionSpec())
         self.count = len(devices)
-        one = (lambda a1, a2: fn(a1, None)) if symmetric_tile else fn
-        self.jitted = jax.jit(jax.vmap(one), in_shardings=self.sharding,
+        one = (lambda args, a1, a2: fn(args, a1, None)) if symmetric_tile else fn
+        self.jitted = jax.jit(jax.vmap(one, in_axes=(None, 0, 0)),
+                              in_shardings=(self.replicated, self.sharding, self.sharding),
                               out_shardings=self.sharding)
 
-    def compile(self, a1: jax.ShapeDtypeStruct, a2: jax.ShapeDtypeStruct):
+    def compile(self, args, a1: jax.ShapeDtypeStruct, a2: jax.ShapeDtypeStruct):
         stack = lambda a: jax.ShapeDtypeStruct((self.count, *a.shape), a.dtype,
                                                sharding=self.sharding)
-        return self.jitted.lower(stack(a1), stack(a2)).compile()
+        args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                           sharding=self.replicated), args)
+        return self.jitted.lower(args, stack(a1), stack(a2)).compile()
 
     def stack(self, tiles: list[jax.Array]) -> jax.Array:
         """The tiles stacked and spread over the devices (the last step may have fewer tiles)."""
@@ -145,15 +151,17 @@ _RUNNERS: dict[tuple, _Runner] = {}
 _EXECUTABLES: dict[tuple, Any] = {}
 
 
-def _executable(fn: KernelFn, devices: list, symmetric_tile: bool, a1: jax.ShapeDtypeStruct,
+def _executable(fn: KernelFn, devices: list, symmetric_tile: bool, args, a1: jax.ShapeDtypeStruct,
                 a2: jax.ShapeDtypeStruct):
     """``(runner, compiled stacked-tile function, bytes per tile)``, cached."""
-    key = (fn, tuple(devices), symmetric_tile, a1.shape, a2.shape, str(a1.dtype))
+    arg_shapes = tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(args))
+    key = (fn, tuple(devices), symmetric_tile, a1.shape, a2.shape, str(a1.dtype),
+           jax.tree.structure(args), arg_shapes)
     if key not in _EXECUTABLES:
         if key[:3] not in _RUNNERS:
             _RUNNERS[key[:3]] = _Runner(fn, devices, symmetric_tile)
         runner = _RUNNERS[key[:3]]
-        compiled = runner.compile(a1, a2)
+        compiled = runner.compile(args, a1, a2)
         m = compiled.memory_analysis()
         per_tile = 0 if m is None else (m.argument_size_in_bytes + m.output_size_in_bytes
                                         + m.temp_size_in_bytes) // runner.count
@@ -185,7 +193,7 @@ class _Tiling:
         return slice(j * self.b2, min((j + 1) * self.b2, self.n2))
 
 
-def _plan(fn: KernelFn, x1, x2, opts: Batching, leaf_bytes: int) -> _Tiling:
+def _plan(fn: KernelFn, args, x1, x2, opts: Batching, leaf_bytes: int) -> _Tiling:
     """Choose the tile size (checking memory before anything is allocated)."""
     n1, n2 = x1.shape[0], (x1 if x2 is None else x2).shape[0]
     symmetric = x2 is None
@@ -208,7 +216,8 @@ def _plan(fn: KernelFn, x1, x2, opts: Batching, leaf_bytes: int) -> _Tiling:
         tiling = _Tiling(n1, n2, b, symmetric)
         tile = lambda b: jax.ShapeDtypeStruct((b, *x1.shape[1:]), x1.dtype)
         square = symmetric and tiling.b1 == n1
-        per_tile = _executable(fn, opts.devices[:1], square, tile(tiling.b1), tile(tiling.b2))[2]
+        per_tile = _executable(fn, opts.devices[:1], square, args, tile(tiling.b1),
+                               tile(tiling.b2))[2]
         if per_tile * min(len(opts.devices), len(tiling.tiles)) <= budget:
             return tiling
     raise MemoryBudgetError(
@@ -353,13 +362,15 @@ def _exchange(tiling: _Tiling, store: _MemoryStore, leaves_of: dict, swap) -> No
     _barrier("exchanged")
 
 
-def compute(fn: KernelFn, x1: jax.Array, x2: jax.Array | None, opts: Batching, *,
+def compute(fn: KernelFn, x1: jax.Array, x2: jax.Array | None, opts: Batching, *, args=None,
             swap: Callable[[Any], Any], describe: tuple = ()) -> Any:
     """``fn(x1, x2)`` evaluated tile by tile per ``opts`` (see module doc).
 
     Args:
-      fn: a batch-independent kernel function returning a pytree of ``(n1, n2, ...)`` arrays; with
-        ``a2=None`` it must return the exactly symmetric kernel of ``a1`` with itself.
+      fn: ``fn(args, a1, a2)``, a batch-independent kernel function returning a pytree of
+        ``(n1, n2, ...)`` arrays; with ``a2=None`` it must return the exactly symmetric kernel of
+        ``a1`` with itself. Keep the same ``fn`` object across calls: compilations are cached by it.
+      args: a pytree of arrays passed to every tile (e.g. parameters), replicated on the devices.
       x1, x2: ``(N1, ...)`` and ``(N2, ...)`` inputs, x2 None for x2 = x1.
       swap: exchanges the roles of x1 and x2 in a tile (used to mirror tiles when x2 is None).
       describe: what else determines the result (model, parameters, options), for ``out`` files.
@@ -369,11 +380,11 @@ def compute(fn: KernelFn, x1: jax.Array, x2: jax.Array | None, opts: Batching, *
       memory (``store_on_device=False``), or the ``np.memmap`` of ``out``.
     """
     _CALLS[0] += 1
-    struct = jax.eval_shape(fn, x1[:1], None if x2 is None else x2[:1])
+    struct = jax.eval_shape(fn, args, x1[:1], None if x2 is None else x2[:1])
     leaves, treedef = jax.tree.flatten(struct)
     n1, n2 = x1.shape[0], (x1 if x2 is None else x2).shape[0]
     shapes = [(n1, n2, *leaf.shape[2:]) for leaf in leaves]
-    tiling = _plan(fn, x1, x2, opts, sum(math.prod(s[2:]) * leaf.dtype.itemsize
+    tiling = _plan(fn, args, x1, x2, opts, sum(math.prod(s[2:]) * leaf.dtype.itemsize
                                           for s, leaf in zip(shapes, leaves)))
     if opts.out is not None:
         if len(leaves) != 1:
@@ -399,8 +410,8 @@ def compute(fn: KernelFn, x1: jax.Array, x2: jax.Array | None, opts: Batching, *
             group = todo[start:start + len(devices)]
             structs = [jax.ShapeDtypeStruct((b, *x1.shape[1:]), x1.dtype)
                        for b in (tiling.b1, tiling.b2)]
-            runner, compiled, _ = _executable(fn, devices, diagonal, *structs)
-            out = compiled(runner.stack([_pad(x1, i * tiling.b1, tiling.b1) for i, _ in group]),
+            runner, compiled, _ = _executable(fn, devices, diagonal, args, *structs)
+            out = compiled(args, runner.stack([_pad(x1, i * tiling.b1, tiling.b1) for i, _ in group]),
                            runner.stack([_pad(xb, j * tiling.b2, tiling.b2) for _, j in group]))
             for k, (i, j) in enumerate(group):
                 rows, cols = tiling.rows(i), tiling.cols(j)

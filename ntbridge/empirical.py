@@ -11,23 +11,56 @@ non-diagonal axes of ``f(x2)``:
   analytic per-unit kernel.
 * ``trace_axes=()``: ``(N1, N2, O, O)``; ``diagonal_axes=(-1,)``: ``(N1, N2, O)``.
 
+Strategies of the empirical NTK (all give the same kernel):
+
+* ``"jacobian"``: per-example Jacobians, contracted one parameter array at a time.
+* ``"ntvp"``: NTK-vector products, the JVP over x1 of each VJP of one x2 output unit; Jacobians
+  are never formed whole (the VJPs are taken in chunks of bounded memory).
+* ``"structured"``: for a layer whose output is an outer product in a parameter (a
+  :class:`~ntbridge.stax.Outer` declared by ``Layer.structure``: Linear, Conv), the contribution
+  ``sum_{p,q} (g1[p] . g2[q]) (patch1[p] . patch2[q])`` is formed from the cotangents ``g`` at the
+  layer's output (one backward pass per output unit, through zero "taps" added to each layer's
+  output) and the layer's input patches, without the parameter Jacobian. Other parameters fall
+  back to Jacobians. Needs the network's layers (a ``Graph``), not a bare ``apply_fn``.
+* ``"auto"``: compiles the candidates, estimates each one's time from XLA's cost analysis (a
+  roofline of flops and bytes accessed), runs the cheapest and caches the choice per shape
+  signature; :class:`StrategyInfo` says what was chosen and why.
+
+Examples are assumed independent (``f(x)[n]`` depends on ``x[n]`` only) unless
+``examples_interact=True`` (e.g. BatchNorm using batch statistics): the kernel is then that of the
+batch ``X = concat(x1, x2)`` (``X = x1`` when x2 is None), ``J(X)[x1 rows] J(X)[x2 rows]^T``,
+computed with the whole-batch Jacobian (the ``"jacobian"`` strategy only), and the empirical NNGP
+is ``f(X)[x1 rows] f(X)[x2 rows]``.
+
 Example:
     >>> k = empirical_ntk_fn(graph.apply_fn)(graph.params, x1, x2)   # (N1, N2)
+    >>> k, info = empirical_ntk_fn(graph, "auto")(graph.params, x1, x2, return_info=True)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import os
 import string
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from .errors import InputError
 
-IMPLEMENTATIONS = ("auto", "jacobian")
+IMPLEMENTATIONS = ("auto", "jacobian", "ntvp", "structured")
+STRATEGIES = IMPLEMENTATIONS[1:]
 _HIGHEST = jax.lax.Precision.HIGHEST
+_NTVP_CHUNK_BYTES = 2 ** 28  # memory for the VJPs (parameter-sized vectors) held at once
+# Roofline of the time estimate of "auto": (flops per second, bytes per second), per platform.
+_ROOFLINE = {"cpu": (1e11, 2e10), "gpu": (3e13, 3e12), "tpu": (1e14, 1e12)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Axes
 
 
 def normalize_axes(trace_axes: Sequence[int], diagonal_axes: Sequence[int],
@@ -53,93 +86,469 @@ def normalize_axes(trace_axes: Sequence[int], diagonal_axes: Sequence[int],
     return result[0], result[1]
 
 
-def contract(a: jax.Array, b: jax.Array, out_ndim: int, trace_axes: tuple[int, ...],
-             diagonal_axes: tuple[int, ...]) -> jax.Array:
+@dataclasses.dataclass(frozen=True)
+class Axes:
+    """The rank of ``f`` (batch included) and its normalized trace and diagonal axes."""
+
+    out_ndim: int
+    trace: tuple[int, ...]
+    diagonal: tuple[int, ...]
+
+    def subscripts(self, letters: Iterator[str]) -> tuple[str, str, str]:
+        """Einsum subscripts of ``f(x1)``'s axes, ``f(x2)``'s axes and of the kernel."""
+        sa, sb, kept1, kept2 = [next(letters)], [next(letters)], "", ""
+        for axis in range(1, self.out_ndim):
+            la = next(letters)
+            lb = la if axis in self.trace or axis in self.diagonal else next(letters)
+            sa.append(la)
+            sb.append(lb)
+            if axis not in self.trace:
+                kept1 += la
+                kept2 += "" if axis in self.diagonal else lb
+        return "".join(sa), "".join(sb), sa[0] + sb[0] + kept1 + kept2
+
+    def scale(self, out_shape: Sequence[int]) -> int:
+        """The number of entries the traced axes average over."""
+        return math.prod(out_shape[axis] for axis in self.trace)
+
+
+def contract(a: jax.Array, b: jax.Array, axes: Axes) -> jax.Array:
     """Contract ``a (N1, *out, *rest)`` with ``b (N2, *out, *rest)`` over ``rest`` and the axes rules.
 
-    ``out_ndim`` is the rank of ``f`` (batch included); ``rest`` (e.g. a parameter's shape) is
-    summed over; traced output axes are averaged.
+    ``rest`` (e.g. a parameter's shape) is summed over; traced output axes are averaged.
     """
     letters = iter(string.ascii_letters)
-    rest = "".join(next(letters) for _ in range(a.ndim - out_ndim))
-    sa, sb, kept2 = [next(letters)], [next(letters)], ""
-    kept1 = ""
-    for axis in range(1, out_ndim):
-        la = next(letters)
-        lb = la if axis in trace_axes or axis in diagonal_axes else next(letters)
-        sa.append(la)
-        sb.append(lb)
-        if axis not in trace_axes:
-            kept1 += la
-            kept2 += "" if axis in diagonal_axes else lb
-    expr = f"{''.join(sa)}{rest},{''.join(sb)}{rest}->{sa[0]}{sb[0]}{kept1}{kept2}"
-    scale = math.prod(a.shape[axis] for axis in trace_axes)
-    return jnp.einsum(expr, a, b, precision=_HIGHEST) / scale
+    sa, sb, out = axes.subscripts(letters)
+    rest = "".join(next(letters) for _ in range(a.ndim - axes.out_ndim))
+    return jnp.einsum(f"{sa}{rest},{sb}{rest}->{out}", a, b,
+                      precision=_HIGHEST) / axes.scale(a.shape[:axes.out_ndim])
 
 
-def swap_x1_x2(k: jax.Array, out_ndim: int, trace_axes, diagonal_axes) -> jax.Array:
+def swap_x1_x2(k: jax.Array, axes: Axes) -> jax.Array:
     """The kernel with the roles of x1 and x2 exchanged (for exact symmetrisation)."""
-    kept = [a for a in range(1, out_ndim) if a not in trace_axes]
-    paired = [i for i, a in enumerate(kept) if a not in diagonal_axes]
+    kept = [a for a in range(1, axes.out_ndim) if a not in axes.trace]
+    paired = [i for i, a in enumerate(kept) if a not in axes.diagonal]
     perm = [1, 0] + list(range(2, 2 + len(kept))) + list(range(2 + len(kept), k.ndim))
     for j, i in enumerate(paired):
         perm[2 + i], perm[2 + len(kept) + j] = perm[2 + len(kept) + j], perm[2 + i]
     return jnp.transpose(k, perm)
 
 
-def _per_example_jacobian(apply_fn, params, x):
-    """Jacobian of each example's output w.r.t. params: leaves ``(N, *out, *param_shape)``."""
+# ---------------------------------------------------------------------------------------------
+# Parameters and their groups (the by-layer split)
+
+
+def _group_of(model) -> Callable[[tuple], str]:
+    """Names the group (layer) of a parameter leaf from its pytree path.
+
+    A ``Graph``: the qualified name of the module owning the parameter. A bare ``apply_fn``: the
+    top-level key (or index) of the params pytree.
+    """
+    owners = {n.key(p): n.name for n in getattr(model, "layers", None) or () for p in n.param_names}
+
+    def group(path):
+        top = path[0]
+        name = str(getattr(top, "key", getattr(top, "idx", getattr(top, "name", top))))
+        return owners.get(name, name)
+
+    return group
+
+
+def _restrict(apply_fn, params, keep: Sequence[int]):
+    """``(fn(sub, x), sub)``: ``apply_fn`` as a function of the leaves ``keep`` only."""
+    leaves, treedef = jax.tree.flatten(params)
+
+    def fn(sub, x):
+        full = list(leaves)
+        for i, v in zip(keep, sub):
+            full[i] = v
+        return apply_fn(jax.tree.unflatten(treedef, full), x)
+
+    return fn, [leaves[i] for i in keep]
+
+
+def _sum_groups(parts: dict[str, list[jax.Array]], by_layer: bool):
+    groups = {name: functools.reduce(jnp.add, values) for name, values in parts.items()}
+    return groups if by_layer else functools.reduce(jnp.add, groups.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Strategies: fn(model, params, x1, x2, axes, by_layer) -> kernel or {group: kernel}
+
+
+def _jacobian(apply_fn, params, x, interact: bool):
+    """Jacobian of each example's output w.r.t. params: leaves ``(N, *out, *param_shape)``.
+
+    With interacting examples, that of the whole batch's output (same layout).
+    """
+    if interact:
+        return jax.jacrev(apply_fn)(params, x)
     single = lambda p, xi: apply_fn(p, xi[None])[0]
     return jax.vmap(jax.jacrev(single), in_axes=(None, 0))(params, x)
 
 
-def _symmetric(kernel_fn):
-    """``x2=None`` means x2 = x1, and the result is made exactly symmetric."""
+def _jacobian_parts(apply_fn, params, x1, x2, axes, keep, group, interact=False):
+    """Jacobian contraction of the leaves ``keep``, as ``{group: [contributions]}``."""
+    fn, sub = _restrict(apply_fn, params, keep)
+    if interact:
+        n1 = x1.shape[0]
+        j = _jacobian(fn, sub, x1 if x2 is None else jnp.concatenate([x1, x2]), True)
+        j1, j2 = [a[:n1] for a in j], (j if x2 is None else [a[n1:] for a in j])
+    else:
+        j1 = _jacobian(fn, sub, x1, False)
+        j2 = j1 if x2 is None else _jacobian(fn, sub, x2, False)
+    parts: dict[str, list] = {}
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    for i, a, b in zip(keep, j1, j2):
+        parts.setdefault(group(paths[i]), []).append(contract(a, b, axes))
+    return parts
 
-    def fn(params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=()):
-        # kernel_fn(params, x1, x2 or None, out_ndim, trace_axes, diagonal_axes)
-        out_ndim = len(jax.eval_shape(kernel_fn.apply_fn, params, x1[:1]).shape)
-        axes = normalize_axes(trace_axes, diagonal_axes, out_ndim)
-        k = kernel_fn(params, x1, x2, out_ndim, *axes)
-        if x2 is None:
-            k = (k + swap_x1_x2(k, out_ndim, *axes)) / 2
-        return k
 
-    return fn
+def jacobian_strategy(model, params, x1, x2, axes, by_layer, interact=False):
+    keep = range(len(jax.tree.leaves(params)))
+    parts = _jacobian_parts(model.apply_fn, params, x1, x2, axes, keep, _group_of(model), interact)
+    return _sum_groups(parts, by_layer)
 
 
-def empirical_ntk_fn(apply_fn: Callable[[Any, jax.Array], jax.Array],
-                     implementation: str = "jacobian") -> Callable:
-    """``fn(params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=())`` -> the empirical NTK.
+def _ntvp_columns(apply_fn, params, x1, x2, chunk):
+    """``Theta[n2, o2, n1, *o1]``: the JVP over x1 of the VJP of each x2 output unit."""
+    out = jax.eval_shape(apply_fn, params, x2[:1]).shape[1:]
+    units = math.prod(out)
+    xs = jnp.repeat(x2, units, axis=0)[:, None]
+    cts = jnp.tile(jnp.eye(units, dtype=x2.dtype), (x2.shape[0], 1)).reshape(-1, 1, *out)
 
-    ``sum_p df(x1)/dp df(x2)/dp`` over all parameters ``p`` (a pytree), contracted per the axes
-    rules of the module doc. ``implementation="jacobian"`` contracts per-example Jacobians, one
-    parameter array at a time.
+    def column(args):
+        x, ct = args
+        _, vjp = jax.vjp(lambda p: apply_fn(p, x), params)
+        return jax.jvp(lambda p: apply_fn(p, x1), (params,), vjp(ct))[1]
+
+    cols = jax.lax.map(column, (xs, cts), batch_size=chunk or xs.shape[0])
+    return cols.reshape(x2.shape[0], *out, *cols.shape[1:])
+
+
+def ntvp_strategy(model, params, x1, x2, axes, by_layer, chunk=None):
+    """``chunk``: VJPs taken at once (None: all; the kernel is the same, memory is not)."""
+    group = _group_of(model)
+    groups: dict[str, list[int]] = {}
+    for i, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(params)[0]):
+        groups.setdefault(group(path), []).append(i)
+    letters = iter(string.ascii_letters)
+    sa, sb, out = axes.subscripts(letters)
+    parts = {}
+    for name, keep in groups.items():
+        fn, sub = _restrict(model.apply_fn, params, keep)
+        full = _ntvp_columns(fn, sub, x1, x1 if x2 is None else x2, chunk)
+        parts[name] = [jnp.einsum(f"{sb}{sa}->{out}", full) / axes.scale(full.shape[:axes.out_ndim])]
+    return _sum_groups(parts, by_layer)
+
+
+def _tapped(nodes, structured, params, x, taps=None):
+    """The forward pass with ``taps[j]`` added to the output of node ``structured[j]``.
+
+    Returns the network's output and, for each node in ``structured``, its input and its output.
     """
-    if implementation not in IMPLEMENTATIONS:
-        raise InputError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}.")
+    values, ins, outs = {-1: x}, [], []
+    for i, node in enumerate(nodes):
+        args = tuple(values[j] for j in node.inputs)
+        arg = args[0] if len(args) == 1 else args
+        y = node.layer.apply_fn({p: params[node.key(p)] for p in node.param_names}, arg)
+        if i in structured:
+            y = y if taps is None else y + taps[len(ins)]
+            ins.append(arg)
+            outs.append(y)
+        values[i] = y
+    return values[len(nodes) - 1], ins, outs
 
-    def ntk(params, x1, x2, out_ndim, trace_axes, diagonal_axes):
-        j1 = _per_example_jacobian(apply_fn, params, x1)
-        j2 = j1 if x2 is None else _per_example_jacobian(apply_fn, params, x2)
-        parts = jax.tree.leaves(jax.tree.map(
-            lambda a, b: contract(a, b, out_ndim, trace_axes, diagonal_axes), j1, j2))
-        return sum(parts[1:], parts[0])
 
-    ntk.apply_fn = apply_fn
-    return _symmetric(ntk)
+def _cotangents(nodes, structured, params, x):
+    """The inputs of the ``structured`` nodes and the cotangents of each output unit w.r.t. each
+    one's output, ``(N, *out, *y)``: one backward pass per output unit, through zero taps."""
+    shapes = jax.eval_shape(lambda: _tapped(nodes, structured, params, x)[2])
+    zeros = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+    out, vjp, ins = jax.vjp(lambda taps: _tapped(nodes, structured, params, x, taps)[:2], zeros,
+                            has_aux=True)
+    units = math.prod(out.shape[1:])
+    basis = jnp.broadcast_to(jnp.eye(units, dtype=out.dtype)[:, None], (units, x.shape[0], units))
+    (gs,) = jax.vmap(vjp)(basis.reshape(units, *out.shape))
+    return ins, [jnp.moveaxis(g, 0, 1).reshape(*out.shape, *g.shape[2:]) for g in gs]
 
 
-def empirical_nngp_fn(apply_fn: Callable[[Any, jax.Array], jax.Array]) -> Callable:
+def _outer_contribution(o1: Any, o2: Any, axes: Axes) -> jax.Array:
+    """``sum_{p,q} (g1[p] . g2[q]) (patch1[p] . patch2[q])`` per the axes rules."""
+    letters = iter(string.ascii_letters)
+    sa, sb, out = axes.subscripts(letters)
+    p, q, c, k = (next(letters) for _ in range(4))
+    (g1, x1), (g2, x2) = o1, o2
+    scale = axes.scale(g1.shape[:axes.out_ndim])
+    if x1 is None:
+        return jnp.einsum(f"{sa}{c},{sb}{c}->{out}", g1.sum(-2), g2.sum(-2),
+                          precision=_HIGHEST) / scale
+    return jnp.einsum(f"{sa}{p}{c},{sb}{q}{c},{sa[0]}{p}{k},{sb[0]}{q}{k}->{out}",
+                      g1, g2, x1, x2, precision=_HIGHEST, optimize="optimal") / scale
+
+
+def _structured_plan(model):
+    """The nodes with a structure rule whose parameters are theirs alone (not shared)."""
+    nodes = model.layers
+    if nodes is None:
+        raise InputError("implementation='structured' needs the network's layers (an "
+                         "ntbridge.Graph), not a bare apply_fn; use 'jacobian' or 'ntvp'.")
+    uses: dict[str, int] = {}
+    for n in nodes:
+        for p in n.param_names:
+            uses[n.key(p)] = uses.get(n.key(p), 0) + 1
+    return nodes, tuple(i for i, n in enumerate(nodes) if n.layer.structure is not None
+                        and n.param_names and all(uses[n.key(p)] == 1 for p in n.param_names))
+
+
+def structured_strategy(model, params, x1, x2, axes, by_layer):
+    nodes, structured = _structured_plan(model)
+    parts: dict[str, list] = {}
+    done = set()
+    if structured:
+        lookup = {**params, **model.state}
+        sides = [_cotangents(nodes, structured, lookup, x) for x in ((x1,) if x2 is None else (x1, x2))]
+        (ins1, gs1), (ins2, gs2) = sides[0], sides[-1]
+        for j, i in enumerate(structured):
+            node = nodes[i]
+            local = {p: lookup[node.key(p)] for p in node.param_names}
+            rule1, rule2 = node.layer.structure(local, ins1[j]), node.layer.structure(local, ins2[j])
+            for p, r1 in rule1.items():
+                if node.key(p) not in params:
+                    continue
+                r2 = rule2[p]
+                g1, g2 = r1.rows(_flat_out(gs1[j], axes)), r2.rows(_flat_out(gs2[j], axes))
+                g1, g2 = (_unflat_out(g, gs[j], axes) for g, gs in ((g1, gs1), (g2, gs2)))
+                parts.setdefault(node.name, []).append(
+                    _outer_contribution((g1, r1.patches), (g2, r2.patches), axes))
+                done.add(node.key(p))
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    keys = [str(path[0].key) for path in paths]
+    rest = [i for i, key in enumerate(keys) if key not in done]
+    if rest:
+        for name, values in _jacobian_parts(model.apply_fn, params, x1, x2, axes, rest,
+                                            _group_of(model)).items():
+            parts.setdefault(name, []).extend(values)
+    return _sum_groups(parts, by_layer)
+
+
+def _flat_out(g: jax.Array, axes: Axes) -> jax.Array:
+    """``(N, *out, *y) -> (N * prod(out), *y)``: a batch of cotangents for ``Outer.rows``."""
+    return g.reshape(-1, *g.shape[axes.out_ndim:])
+
+
+def _unflat_out(rows: jax.Array, g: jax.Array, axes: Axes) -> jax.Array:
+    return rows.reshape(*g.shape[:axes.out_ndim], *rows.shape[1:])
+
+
+_STRATEGY_FNS = {"jacobian": jacobian_strategy, "ntvp": ntvp_strategy,
+                 "structured": structured_strategy}
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing and compiling a strategy
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyInfo:
+    """The strategy that computed a kernel, and why.
+
+    Attributes:
+      implementation: ``"jacobian"``, ``"ntvp"`` or ``"structured"``.
+      costs: per compiled candidate, XLA's estimates: ``flops``, ``bytes_accessed``,
+        ``estimated_s`` (the roofline ``max(flops / F, bytes / B)`` of the platform) and
+        ``temp_bytes`` (working memory of the compiled program).
+      reason: why this one, in words.
+    """
+
+    implementation: str
+    costs: dict[str, dict[str, float]]
+    reason: str
+
+
+def _cost(executable) -> dict[str, float]:
+    analysis = executable.cost_analysis()
+    analysis = (analysis[0] if isinstance(analysis, (list, tuple)) else analysis) or {}
+    flops = float(analysis.get("flops", math.nan))
+    nbytes = float(analysis.get("bytes accessed", math.nan))
+    peak_flops, bandwidth = _ROOFLINE.get(jax.default_backend(), _ROOFLINE["gpu"])
+    memory = executable.memory_analysis()
+    return {"flops": flops, "bytes_accessed": nbytes,
+            "estimated_s": max(flops / peak_flops, nbytes / bandwidth),
+            "temp_bytes": float(getattr(memory, "temp_size_in_bytes", math.nan))}
+
+
+def _memory_limit() -> float:
+    """Bytes a compiled program may use: the device's limit, or half the host's memory."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return float(stats["bytes_limit"])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2
+    except (ValueError, OSError, AttributeError):
+        return math.inf
+
+
+class _Model:
+    """A bare ``apply_fn`` seen as a model without layers."""
+
+    def __init__(self, apply_fn):
+        self.apply_fn = apply_fn
+
+
+class _WithState:
+    """A model whose ``apply_fn`` takes the differentiated params only, the fixed ``state`` (e.g.
+    buffers, a dict) merged in; ``lookup`` holds both, for the layers' own functions."""
+
+    def __init__(self, model, state):
+        self.layers = getattr(model, "layers", None)
+        self.state = state or {}
+        self.apply_fn = (model.apply_fn if not state else
+                         lambda p, x: model.apply_fn({**p, **self.state}, x))
+
+
+def _as_model(model):
+    if hasattr(model, "apply_fn"):
+        return model
+    if callable(model):
+        return _Model(model)
+    raise InputError(f"expected an apply_fn(params, x) or an ntbridge.Graph, got {model!r}.")
+
+
+class _Dispatch:
+    """``fn(params, x1, x2=None, *, trace_axes, diagonal_axes, by_layer, return_info)``: compiles
+    the requested strategy (or auto's choice) once per shape signature."""
+
+    def __init__(self, model, implementation: str, interact: bool):
+        if implementation not in IMPLEMENTATIONS:
+            raise InputError(f"implementation must be one of {IMPLEMENTATIONS}, "
+                             f"got {implementation!r}.")
+        self.model, self.implementation, self.interact = model, implementation, interact
+        self.apply_fn = model.apply_fn
+        self._choices: dict[tuple, tuple[Callable, StrategyInfo]] = {}
+
+    def candidates(self) -> tuple[list[str], str]:
+        """The strategies that apply to this model, and why the others do not."""
+        if self.interact:
+            return ["jacobian"], "the examples interact (e.g. BatchNorm using batch statistics), " \
+                                 "so only the whole-batch Jacobian applies"
+        if getattr(self.model, "layers", None) is None:
+            return ["jacobian", "ntvp"], "a bare apply_fn has no layer structure"
+        if not _structured_plan(self.model)[1]:
+            return ["jacobian", "ntvp"], "no layer declares a derivative structure"
+        return list(STRATEGIES), ""
+
+    def program(self, strategy: str, axes: Axes, by_layer: bool, chunk=None) -> Callable:
+        """``run((params, state), x1, x2)``: the strategy, jitted (and traceable, for tiling)."""
+        def run(args, x1, x2):
+            params, state = args
+            kw = {"chunk": chunk} if strategy == "ntvp" else {}
+            kw = {"interact": True} if self.interact else kw
+            k = _STRATEGY_FNS[strategy](_WithState(self.model, state), params, x1, x2, axes,
+                                        by_layer, **kw)
+            sym = lambda a: a if x2 is not None else (a + swap_x1_x2(a, axes)) / 2
+            return {n: sym(v) for n, v in k.items()} if by_layer else sym(k)
+        return jax.jit(run)
+
+    def choose(self, params, state, x1, x2, axes: Axes, by_layer: bool):
+        valid, why_not = self.candidates()
+        wanted = valid if self.implementation == "auto" else [self.implementation]
+        if wanted[0] not in valid:
+            raise InputError(f"implementation={self.implementation!r} does not apply here: "
+                             f"{why_not}; use one of {valid} or 'auto'.")
+        executables = {s: self.program(s, axes, by_layer).lower((params, state), x1, x2).compile()
+                       for s in wanted}
+        costs = {s: _cost(e) for s, e in executables.items()}
+        fits = [s for s in wanted if not costs[s]["temp_bytes"] > _memory_limit()] or wanted
+        best = min(fits, key=lambda s: costs[s]["estimated_s"])
+        if self.implementation != "auto":
+            reason = "requested"
+        else:
+            ranked = ", ".join(f"{s} {costs[s]['estimated_s'] * 1e3:.3g} ms"
+                               for s in sorted(wanted, key=lambda s: costs[s]["estimated_s"]))
+            reason = (f"lowest estimated time on {jax.default_backend()} from XLA's cost analysis "
+                      f"({ranked})" + (f"; {why_not}" if why_not else "")
+                      + (f"; too large for memory: {sorted(set(wanted) - set(fits))}"
+                         if len(fits) < len(wanted) else ""))
+        program = self.program(best, axes, by_layer)
+        if best == "ntvp":  # bound the memory of the VJPs held at once (same flops, same kernel)
+            leaf_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
+            chunk = max(1, _NTVP_CHUNK_BYTES // max(leaf_bytes, 1))
+            if chunk < (x1 if x2 is None else x2).shape[0] * math.prod(
+                    jax.eval_shape(_WithState(self.model, state).apply_fn, params, x1[:1]).shape[1:]):
+                program = self.program("ntvp", axes, by_layer, chunk)
+        return program, StrategyInfo(best, costs, reason)
+
+    def plan(self, params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=(),
+             by_layer: bool = False, state=None) -> tuple[Callable, StrategyInfo, Axes]:
+        """``(run, info, axes)`` for these shapes: ``run((params, state), x1, x2)`` is the chosen
+        strategy as a jitted, traceable function (the same object for the same shapes); ``x1``
+        and ``x2`` may be arrays or ``jax.ShapeDtypeStruct``s."""
+        out_ndim = len(jax.eval_shape(_WithState(self.model, state).apply_fn, params, x1).shape)
+        axes = Axes(out_ndim, *normalize_axes(trace_axes, diagonal_axes, out_ndim))
+        signature = lambda a: None if a is None else (a.shape, str(a.dtype))
+        key = (jax.tree.structure((params, state)),
+               tuple(map(signature, jax.tree.leaves((params, state)))),
+               signature(x1), signature(x2), axes, bool(by_layer))
+        if key not in self._choices:
+            self._choices[key] = self.choose(params, state, x1, x2, axes, bool(by_layer))
+        return (*self._choices[key], axes)
+
+    def __call__(self, params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=(),
+                 by_layer: bool = False, return_info: bool = False, state=None):
+        run, info, _ = self.plan(params, x1, x2, trace_axes=trace_axes, diagonal_axes=diagonal_axes,
+                                 by_layer=by_layer, state=state)
+        k = run((params, state), x1, x2)
+        return (k, info) if return_info else k
+
+
+def empirical_ntk_fn(model: Callable[[Any, jax.Array], jax.Array] | Any,
+                     implementation: str = "jacobian", *,
+                     examples_interact: bool = False) -> Callable:
+    """``fn(params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=(), by_layer=False,
+    return_info=False)`` -> the empirical NTK ``sum_p df(x1)/dp df(x2)/dp``.
+
+    Args:
+      model: ``apply_fn(params, x)``, or an ``ntbridge.Graph`` (needed by ``"structured"``).
+      implementation: one of :data:`IMPLEMENTATIONS` (see the module doc).
+      examples_interact: the outputs of an example depend on the others in the batch (see the
+        module doc for the kernel's meaning then).
+
+    The kernel has the shape given by the axes rules of the module doc; ``by_layer=True`` gives a
+    dict from group name (a Graph's module names; the top-level keys of a params pytree) to its
+    contribution, summing to the kernel; ``return_info=True`` gives ``(kernel, StrategyInfo)``.
+    Compiled once per shape signature; with ``x2=None`` the result is exactly symmetric.
+
+    Example:
+        >>> fn = empirical_ntk_fn(graph, "auto")
+        >>> k, info = fn(graph.params, x1, x2, trace_axes=(), return_info=True)  # (N1, N2, O, O)
+        >>> info.implementation, info.reason
+    """
+    return _Dispatch(_as_model(model), implementation, examples_interact)
+
+
+def empirical_nngp_fn(apply_fn: Callable[[Any, jax.Array], jax.Array], *,
+                      examples_interact: bool = False) -> Callable:
     """``fn(params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=())`` -> ``f(x1) f(x2)``.
 
-    The outputs' products contracted per the axes rules (the finite-width NNGP of one network).
+    The outputs' products contracted per the axes rules (the finite-width NNGP of one network);
+    with ``examples_interact``, the outputs of the joint batch (see the module doc).
     """
 
-    def nngp(params, x1, x2, out_ndim, trace_axes, diagonal_axes):
-        f1 = apply_fn(params, x1)
-        f2 = f1 if x2 is None else apply_fn(params, x2)
-        return contract(f1, f2, out_ndim, trace_axes, diagonal_axes)
+    @functools.partial(jax.jit, static_argnames=("axes",))
+    def nngp(params, x1, x2, axes):
+        if examples_interact and x2 is not None:
+            f = apply_fn(params, jnp.concatenate([x1, x2]))
+            f1, f2 = f[:x1.shape[0]], f[x1.shape[0]:]
+        else:
+            f1 = apply_fn(params, x1)
+            f2 = f1 if x2 is None else apply_fn(params, x2)
+        k = contract(f1, f2, axes)
+        return k if x2 is not None else (k + swap_x1_x2(k, axes)) / 2
 
-    nngp.apply_fn = apply_fn
-    return _symmetric(nngp)
+    def fn(params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=()):
+        out_ndim = len(jax.eval_shape(apply_fn, params, x1[:1]).shape)
+        return nngp(params, x1, x2, Axes(out_ndim, *normalize_axes(trace_axes, diagonal_axes,
+                                                                    out_ndim)))
+
+    return fn

@@ -41,13 +41,13 @@ class Moments(NamedTuple):
 
 def sample_range_fn(graph: Graph, get: str, seed: int, start: int, stop: int, trace_axes: tuple,
                     diagonal_axes: tuple) -> Callable:
-    """``fn(x1, x2_or_None) -> (mean, m2)`` over the samples ``start <= s < stop``.
+    """``fn(None, x1, x2_or_None) -> (mean, m2)`` over the samples ``start <= s < stop``.
 
     A batch-independent kernel function, so it can be tiled like any other.
     """
     empirical = (empirical_ntk_fn if get == "ntk" else empirical_nngp_fn)(graph.apply_fn)
 
-    def fn(x1, x2):
+    def fn(args, x1, x2):
         def step(carry, s):
             count, mean, m2 = carry
             _, params = graph.init_fn(jax.random.fold_in(jax.random.key(seed), s), x1.shape)

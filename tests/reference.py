@@ -4,20 +4,40 @@ import torch
 from torch.func import functional_call, jacrev, vmap
 
 
-def jacobians(model, x):
-    """Per-example Jacobians of ``model`` at its current weights: name -> (N, *out, *param)."""
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    single = lambda p, xi: functional_call(model, p, (xi[None],))[0]
+def jacobians(model, x, names=None, batch=False):
+    """Jacobians of ``model`` at its current weights: name -> ``(N, *out, *param)``.
+
+    Per example (each example alone through the model), or, with ``batch``, of the whole batch's
+    output (examples that interact, e.g. BatchNorm in train mode). ``names``: only these parameters.
+    """
+    params = {k: v.detach() for k, v in model.named_parameters() if names is None or k in names}
+    if batch:
+        return jacrev(lambda p: functional_call(model, p, (x,), strict=False))(params)
+    single = lambda p, xi: functional_call(model, p, (xi[None],), strict=False)[0]
     return vmap(jacrev(single), in_dims=(None, 0))(params, x)
+
+
+def full_ntk(model, x1, x2, names=None, batch=False):
+    """``sum_p J1 J2^T`` of shape ``(N1, N2, *out, *out)``; with ``batch``, of the joint batch
+    ``cat(x1, x2)``."""
+    if batch:
+        j = jacobians(model, torch.cat([x1, x2]), names, batch=True)
+        j1, j2 = ({k: v[:len(x1)] for k, v in j.items()}, {k: v[len(x1):] for k, v in j.items()})
+    else:
+        j1, j2 = jacobians(model, x1, names), jacobians(model, x2, names)
+    out = 0
+    for name in j1:
+        a, b = j1[name], j2[name]
+        out_ndim = a.ndim - model.get_parameter(name).ndim
+        a, b = a.flatten(out_ndim), b.flatten(out_ndim)
+        k = torch.tensordot(a, b, dims=([a.ndim - 1], [b.ndim - 1]))  # (N1, *out, N2, *out)
+        out = out + k.movedim(out_ndim, 1)
+    return out
 
 
 def empirical_ntk(model, x1, x2, trace=True):
     """sum_p J1 J2^T: ``(N1, N2)`` averaged over outputs if ``trace``, else ``(N1, N2, O, O)``."""
-    j1, j2 = jacobians(model, x1), jacobians(model, x2)
-    out = 0
-    for name in j1:
-        a, b = j1[name].flatten(2), j2[name].flatten(2)
-        out = out + torch.einsum("nop,mqp->nmoq", a, b)
+    out = full_ntk(model, x1, x2)
     if trace:
         return torch.diagonal(out, dim1=2, dim2=3).mean(-1)
     return out

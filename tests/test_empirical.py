@@ -1,13 +1,19 @@
-"""The empirical NTK/NNGP equal plain torch.func references on the same weights."""
+"""The empirical NTK/NNGP equal plain torch.func references on the same weights, for every
+strategy; per-layer contributions; auto's choice; examples that interact; bad input."""
 
+import jax
+import jax.numpy as jnp
 import pytest
 import torch
 from torch import nn
 
 import ntbridge
-from ntbridge.errors import InputError
+from ntbridge import stax
+from ntbridge.converters.registry import CONVERTERS, find_converter
+from ntbridge.empirical import STRATEGIES, StrategyInfo, empirical_ntk_fn
+from ntbridge.errors import InputError, InputTypeError
 
-from reference import empirical_ntk, jacobians
+from reference import full_ntk
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
@@ -21,38 +27,146 @@ def deep_mlp(dtype):
                          nn.Linear(32, 32, bias=False), nn.ReLU(), nn.Linear(32, 3)).to(dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_empirical_ntk_matches_torch_func(dtype):
+def assert_by_layer(model, x1, x2, impl, dtype):
+    """Full kernel per layer: each layer equals the reference restricted to its parameters, and
+    they sum to the reference on all parameters."""
+    parts = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), by_layer=True, implementation=impl)
+    layers = {name.rsplit(".", 1)[0] for name, _ in model.named_parameters()}
+    assert set(parts) == layers
+    for name, part in parts.items():
+        names = {n for n, _ in model.named_parameters() if n.rsplit(".", 1)[0] == name}
+        assert part.dtype == dtype
+        assert rel_error(part, full_ntk(model, x1, x2, names)) <= TOL[dtype]
+    assert rel_error(sum(parts.values()), full_ntk(model, x1, x2)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("impl", STRATEGIES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_deep_mlp_matches_torch_func(impl, dtype):
     model = deep_mlp(dtype)
     x1, x2 = torch.randn(7, 6, dtype=dtype), torch.randn(4, 6, dtype=dtype)
-    full = empirical_ntk(model, x1, x2, trace=False)
-    got_full = ntbridge.empirical_ntk(model, x1, x2, trace_axes=())
-    assert got_full.shape == (7, 4, 3, 3) and got_full.dtype == dtype
-    assert rel_error(got_full, full) <= TOL[dtype]
-    got = ntbridge.empirical_ntk(model, x1, x2)
-    assert rel_error(got, torch.diagonal(full, dim1=2, dim2=3).mean(-1)) <= TOL[dtype]
-    diag = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), diagonal_axes=(-1,))
-    assert rel_error(diag, torch.diagonal(full, dim1=2, dim2=3)) <= TOL[dtype]
+    assert_by_layer(model, x1, x2, impl, dtype)
+    full = full_ntk(model, x1, x2)
+    if dtype == torch.float64:  # each dtype checks one more axes rule (compiles are slow)
+        got = ntbridge.empirical_ntk(model, x1, x2, implementation=impl)
+        assert got.shape == (7, 4)
+        assert rel_error(got, torch.diagonal(full, dim1=2, dim2=3).mean(-1)) <= TOL[dtype]
+    else:
+        diag = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), diagonal_axes=(-1,),
+                                      implementation=impl)
+        assert diag.shape == (7, 4, 3)
+        assert rel_error(diag, torch.diagonal(full, dim1=2, dim2=3)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("impl", STRATEGIES)
+def test_many_outputs_on_two_axes(impl):
+    """Outputs (N, 3, 12): a Linear on the last axis of (N, 3, 5) inputs, 36 output units."""
+    model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 12))
+    x1, x2 = torch.randn(5, 3, 5), torch.randn(3, 3, 5)
+    full = full_ntk(model, x1, x2)  # (N1, N2, 3, 12, 3, 12)
+    got = ntbridge.empirical_ntk(model, x1, x2, implementation=impl)
+    assert rel_error(got, torch.einsum("nmaobo->nmab", full) / 12) <= 1e-5
+    got = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), diagonal_axes=(1,),
+                                 implementation=impl)
+    assert got.shape == (5, 3, 3, 12, 12)
+    assert rel_error(got, torch.einsum("nmaoap->nmaop", full)) <= 1e-5
+    sym = ntbridge.empirical_ntk(model, x1, implementation=impl)
+    assert torch.equal(sym, sym.permute(1, 0, 3, 2))
+    assert rel_error(sym, torch.einsum("nmaobo->nmab", full_ntk(model, x1, x1)) / 12) <= 1e-5
+
+
+def test_cnn_matches_torch_func():
+    if find_converter(nn.Conv2d(1, 1, 1)) is None:
+        pytest.skip("nn.Conv2d has no converter yet")
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    x1, x2 = torch.randn(3, 3, 8, 8), torch.randn(2, 3, 8, 8)
+    full = full_ntk(model, x1, x2)
+    for impl in STRATEGIES:
+        assert rel_error(ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), implementation=impl),
+                         full) <= 1e-5
+
+
+def test_auto_reports_its_choice_and_caches_it():
+    model = deep_mlp(torch.float32)
+    x1, x2 = torch.randn(7, 6), torch.randn(4, 6)
+    k, info = ntbridge.empirical_ntk(model, x1, x2, return_info=True)
+    assert isinstance(info, StrategyInfo) and info.implementation in STRATEGIES
+    assert set(info.costs) == set(STRATEGIES) and info.implementation in info.reason
+    best = min(info.costs, key=lambda s: info.costs[s]["estimated_s"])
+    assert info.implementation == best
+    assert rel_error(k, torch.einsum("nmoo->nm", full_ntk(model, x1, x2)) / 3) <= 1e-5
+    assert ntbridge.empirical_ntk(model, x1 + 1, x2, return_info=True)[1] is info  # cached
+
+
+def test_jax_level_bare_apply_fn():
+    """A bare apply_fn and a params pytree: jacobian and ntvp; by_layer groups the top-level keys."""
+    params = {"a": jnp.arange(6.0).reshape(2, 3) / 5, "b": jnp.array([0.5, -1.0])}
+    apply_fn = lambda p, x: jnp.tanh(x @ p["a"].T) * p["b"]
+    x1, x2 = jnp.linspace(-1, 1, 12).reshape(4, 3), jnp.ones((2, 3))
+    j = lambda x: jax.vmap(jax.jacrev(lambda p, xi: apply_fn(p, xi[None])[0]), (None, 0))(params, x)
+    j1, j2 = j(x1), j(x2)
+    want = {k: jnp.einsum("no...,mp...->nmop", j1[k], j2[k]) for k in params}
+    for impl in ("jacobian", "ntvp", "auto"):
+        parts, info = empirical_ntk_fn(apply_fn, impl)(params, x1, x2, trace_axes=(),
+                                                        by_layer=True, return_info=True)
+        assert info.implementation in ("jacobian", "ntvp")
+        for name in params:
+            assert jnp.allclose(parts[name], want[name], rtol=1e-5, atol=1e-6)
+    with pytest.raises(InputError, match="structured"):
+        empirical_ntk_fn(apply_fn, "structured")(params, x1, x2)
+
+
+def _batch_norm_1d(module, ctx):
+    """BatchNorm1d with batch statistics (train mode), for tests until a converter exists."""
+
+    def apply_fn(params, x):
+        mean, var = x.mean(0), x.var(0)
+        return (x - mean) / jnp.sqrt(var + module.eps) * params["weight"] + params["bias"]
+
+    return stax.Layer(lambda key, shape: (tuple(shape), {}), apply_fn, lambda k: k)
+
+
+def test_batch_statistics_use_the_joint_batch(monkeypatch):
+    if find_converter(nn.BatchNorm1d(2)) is None:
+        monkeypatch.setitem(CONVERTERS, nn.BatchNorm1d, _batch_norm_1d)
+    bn = nn.BatchNorm1d(8, track_running_stats=False)  # batch statistics in train and eval mode
+    model = nn.Sequential(nn.Linear(4, 8), bn, nn.ReLU(), nn.Linear(8, 2)).double().eval()
+    with torch.no_grad():
+        model[1].weight.uniform_(0.5, 1.5)
+        model[1].bias.uniform_(-0.5, 0.5)
+    x1, x2 = torch.randn(5, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    k, info = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), return_info=True)
+    assert info.implementation == "jacobian" and "interact" in info.reason
+    assert rel_error(k, full_ntk(model, x1, x2, batch=True)) <= 1e-10
+    for impl in ("ntvp", "structured"):
+        with pytest.raises(InputError, match="interact"):
+            ntbridge.empirical_ntk(model, x1, x2, implementation=impl)
+    f = model(torch.cat([x1, x2])).detach()
+    assert rel_error(ntbridge.empirical_nngp(model, x1, x2), f[:5] @ f[5:].T / 2) <= 1e-10
 
 
 def test_empirical_nngp_and_symmetry():
     model = deep_mlp(torch.float32)
     x = torch.randn(6, 6)
-    k = ntbridge.empirical_ntk(model, x)
-    assert torch.equal(k, k.T)
     full = ntbridge.empirical_ntk(model, x, trace_axes=())
     assert torch.equal(full, full.permute(1, 0, 3, 2))
     f = model(x).detach()
     assert rel_error(ntbridge.empirical_nngp(model, x), f @ f.T / 3) <= 1e-5
 
 
-def test_bad_axes_and_parameterless_models():
+def test_bad_input():
     model = deep_mlp(torch.float32)
     x = torch.randn(3, 6)
-    for kwargs in ({"trace_axes": (2,)}, {"trace_axes": (0,)}, {"trace_axes": (-1,), "diagonal_axes": (1,)}):
+    for kwargs in ({"trace_axes": (2,)}, {"trace_axes": (0,)}, {"trace_axes": (-1, 1)},
+                   {"trace_axes": (-1,), "diagonal_axes": (1,)}, {"diagonal_axes": (-3,)}):
         with pytest.raises(InputError, match="axes"):
             ntbridge.empirical_ntk(model, x, **kwargs)
+    with pytest.raises(InputError, match="implementation"):
+        ntbridge.empirical_ntk(model, x, implementation="fast")
     with pytest.raises(InputError, match="no parameters"):
         ntbridge.empirical_ntk(nn.Sequential(nn.ReLU()), x)
-    with pytest.raises(ntbridge.errors.InputTypeError, match="model.to"):
+    with pytest.raises(ntbridge.errors.ShapeError, match="x1"):
+        ntbridge.empirical_ntk(model, torch.randn(3, 5))
+    with pytest.raises(InputTypeError, match="model.to"):
         ntbridge.empirical_ntk(model, x.double())

@@ -7,7 +7,7 @@ Layers use torch's layout (channels first) and torch's semantics; ``kernel_fn`` 
 from .activations import ABRelu, Relu, ab_relu_rule, elementwise
 from .combinators import INPUT, dag, serial
 from .kernel import Kernel, input_kernel
-from .layers import PARAMETERIZATIONS, Dense, Identity, Layer
+from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer
 
-__all__ = ["ABRelu", "INPUT", "Dense", "dag", "Identity", "Kernel", "Layer", "PARAMETERIZATIONS", "Relu",
+__all__ = ["ABRelu", "INPUT", "Dense", "dag", "Identity", "Kernel", "Layer", "Outer", "PARAMETERIZATIONS", "Relu",
            "ab_relu_rule", "elementwise", "input_kernel", "serial"]

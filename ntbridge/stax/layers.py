@@ -7,6 +7,9 @@ A layer is a tiny stax triple plus what it requires of its input kernel:
 * ``apply_fn(params, x) -> y``: the forward pass, exactly the torch module's.
 * ``kernel_fn(k: Kernel) -> Kernel``: how the infinite-width NNGP and NTK transform.
 * ``full_spatial``: whether ``kernel_fn`` needs the covariance of every pair of positions.
+* ``structure``: optional, ``structure(params, x) -> {param_name: Outer}`` for the parameters the
+  layer's output is linear in through an outer product (see :class:`Outer`); the empirical NTK's
+  ``"structured"`` strategy uses it, and falls back to Jacobians for parameters it does not list.
 """
 
 from __future__ import annotations
@@ -23,6 +26,21 @@ Shape = tuple[int, ...]
 PARAMETERIZATIONS = ("standard", "ntk")
 
 
+class Outer(NamedTuple):
+    """How a layer's output ``y`` depends on one parameter ``w``: a sum of outer products.
+
+    For a cotangent ``g`` of ``y`` (shape ``(N, *y)``), the gradient of ``<g, y>`` w.r.t. ``w`` is,
+    up to a fixed reshape/permutation of ``w``, ``sum_p outer(rows(g)[n, p], patches[n, p])``:
+    ``rows(g)`` is ``(N, P, C)`` and ``patches`` ``(N, P, K)`` over ``P`` positions. ``patches=None``
+    stands for all-ones (``K = 1``: a bias). Linear: ``P`` = the leading axes, ``patches`` the inputs.
+    Conv: ``P`` = output positions, ``patches`` the input patches ``(N, P, C_in * prod(kernel))``,
+    ``rows(g)`` the cotangent with channels last.
+    """
+
+    patches: jax.Array | None
+    rows: Callable[[jax.Array], jax.Array]
+
+
 class Layer(NamedTuple):
     """One layer (or a whole network) as ``(init_fn, apply_fn, kernel_fn)`` and its requirements."""
 
@@ -30,6 +48,7 @@ class Layer(NamedTuple):
     apply_fn: Callable[[Any, jax.Array], jax.Array]
     kernel_fn: Callable[[Kernel], Kernel]
     full_spatial: bool = False
+    structure: Callable[[Any, jax.Array], dict[str, Outer]] | None = None
 
 
 def _sample(key: jax.Array, shape: Shape, std: float, distribution: str) -> jax.Array:
@@ -102,7 +121,12 @@ def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | N
             shape1=(k.shape1[0], out_features), shape2=(k.shape2[0], out_features),
             is_gaussian=True)
 
-    return Layer(init_fn, apply_fn, kernel_fn)
+    def structure(params, x):
+        rows = lambda g: g.reshape(g.shape[0], -1, g.shape[-1])
+        outer = {"weight": Outer(rows(x), rows)}
+        return {**outer, "bias": Outer(None, rows)} if has_bias else outer
+
+    return Layer(init_fn, apply_fn, kernel_fn, structure=structure)
 
 
 def Identity() -> Layer:
