@@ -203,6 +203,8 @@ def test_sums_and_concats_map_to_fan_in_modules():
     assert isinstance(add, ntfx.Add) and len(inputs) == 2
     [_, (cat, inputs)] = traced(lambda x: torch.cat([x, x.relu(), x], 1))
     assert repr(cat) == repr(ntfx.Concat(1)) and len(inputs) == 3
+    [(cat, inputs)] = traced(lambda x: torch.concatenate((x, x), axis=-1))
+    assert repr(cat) == repr(ntfx.Concat(-1)) and len(inputs) == 2
 
 
 @pytest.mark.parametrize("fn,message", [
@@ -210,6 +212,7 @@ def test_sums_and_concats_map_to_fan_in_modules():
     (lambda x: torch.flatten(x), "mixes the examples"), (lambda x: x.view(-1, 4), "flatten each"),
     (torch.exp, "'exp' has no equivalent module.*register"),
     (lambda x: x[:, :2], "'getitem' has no equivalent"),
+    (lambda x: torch.sigmoid(x, out=None), "unsupported arguments"),
 ])
 def test_unsupported_functional_calls_are_named(fn, message):
     class M(nn.Module):
@@ -315,6 +318,17 @@ def test_untraceable_models_and_forms_fx_cannot_convert():
 
     with pytest.raises(errors.UnsupportedLayerError, match="uses the tensor 'scale' directly"):
         ntbridge.convert(RawParameter())
+
+    class TwoArguments(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x, x)
+
+    with pytest.raises(errors.ConversionError, match=r"'fc' \(Linear\) is called with 2 arguments"):
+        ntbridge.convert(TwoArguments())
 
     class Pair(nn.Module):
         def forward(self, x):

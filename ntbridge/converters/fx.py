@@ -173,8 +173,8 @@ METHODS: dict = {
 CONCATS = (torch.cat, torch.concat, torch.concatenate)
 
 
-def _concat(tensors, dim=0) -> nn.Module:
-    return Concat(dim)
+def _concat(tensors, dim=0, *, axis=None) -> nn.Module:
+    return Concat(dim if axis is None else axis)
 
 
 def equivalent(node: fx.Node) -> tuple[nn.Module, list]:
@@ -279,8 +279,11 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
             nodes += _output(node, index, nodes, options)
         elif not _is_shape(node):
             where = f"module {len(nodes)} '{node.name}'"
-            module, sources = (model.get_submodule(node.target), list(node.args)) \
+            module, sources = (model.get_submodule(node.target), [*node.args, *node.kwargs.values()]) \
                 if node.op == "call_module" else _located(equivalent, where)(node)
+            if node.op == "call_module" and len(sources) != 1:
+                raise ConversionError(f"{where} ({type(module).__name__}) is called with "
+                                      f"{len(sources)} arguments; modules take one tensor.")
             inputs = tuple(_source(a, index, where) for a in sources)
             if isinstance(module, Add):
                 module = Add(correlated(nodes, inputs))
@@ -296,6 +299,8 @@ def _located(fn: Callable, where: str) -> Callable:
             return fn(*args)
         except UnsupportedLayerError as e:
             raise UnsupportedLayerError(f"{where}: {e}") from None
+        except TypeError as e:  # arguments the equivalent module does not take
+            raise UnsupportedLayerError(f"{where}: unsupported arguments ({e}).") from None
     return located
 
 
