@@ -2,6 +2,8 @@
 
 One file per family (``linear``, ``activations``, ``structure``); supporting a new module type is
 one small function decorated with :func:`register` (public as ``ntbridge.register_converter``).
+``nn.Sequential`` models are read module by module; other models are traced with torch.fx
+(:mod:`.fx`), which also handles residual sums, concatenations and functional calls.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import torch
 from torch import nn
 
 from ..dlpack import precision, to_jax
-from ..errors import InputError, InputTypeError, UnsupportedLayerError
+from ..errors import InputError, InputTypeError
 from . import activations, linear, structure  # noqa: F401  (they register their converters)
-from .graph import Graph, Kernels, Node
-from .registry import Context, Options, StdOption, find_converter, register, supported_types
+from .fx import fx_nodes
+from .graph import Graph, Kernels, Node, make_node, module_tensors
+from .registry import Options, StdOption, find_converter, register
 
 __all__ = ["Graph", "Kernels", "Node", "convert", "register"]
 
@@ -29,22 +32,26 @@ def _leaves(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Modul
         yield prefix, module
 
 
-def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {**dict(module.named_parameters(recurse=False)),
-            **dict(module.named_buffers(recurse=False))}
+def _is_user_container(module: nn.Module) -> bool:
+    """A user's module with no converter: its forward must be traced."""
+    return find_converter(module) is None and not type(module).__module__.startswith("torch.")
 
 
 def _check_uniform(model: nn.Module) -> None:
-    tensors = list(model.parameters()) + list(model.buffers())
-    kinds = {(t.dtype, t.device) for t in tensors if t.is_floating_point()}
+    """All floating parameters and buffers share one dtype and device."""
+    kinds: dict[tuple, str] = {}
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_floating_point():
+            kinds.setdefault((str(t.dtype), str(t.device)), name)
     if len(kinds) > 1:
-        raise InputError(f"the model's parameters have several dtypes/devices {sorted(map(str, kinds))}; "
-                         f"move them to one, e.g. model.to(torch.float32).")
+        found = ", ".join(f"'{name}' is {dtype} on {device}" for (dtype, device), name in kinds.items())
+        raise InputError(f"the model's parameters have several dtypes/devices ({found}); move them "
+                         f"to one, e.g. model.to(torch.float32) or model.to('cpu').")
 
 
 def _signature_part(module: nn.Module):
     """A faithful hashable description of a module's architecture and mode."""
-    if type(module).__module__.startswith("torch.nn"):
+    if type(module).__module__.startswith(("torch.nn", __name__)):
         return type(module).__name__, repr(module), module.training
     return module  # a user's module: its repr may omit what matters, so key by identity
 
@@ -54,11 +61,14 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     """Translate ``model`` into a :class:`Graph` (``init_fn``, ``apply_fn``, ``kernel_fn``, ``params``).
 
     Args:
-      model: an ``nn.Sequential`` (nested to any depth) of supported modules, or one such module.
+      model: an ``nn.Sequential`` (nested to any depth) of supported modules, one such module, or
+        any model torch.fx can trace whose leaf modules and functional calls are supported
+        (residual sums ``h + f(h)``, ``torch.cat(..., dim=1)``, ``F.relu``, ``x.flatten(1)``...).
       parameterization: ``"standard"`` (torch's; the NTK uses the model's actual widths) or
         ``"ntk"`` (the width-independent NTK limit).
-      init: ``"torch"`` (the variance of torch's default init of each module) or ``"infer"`` (read
-        from the current weights).
+      init: ``"torch"`` (the variance of torch's default init of each module; the analytic kernel
+        warns with ``InitMismatchWarning`` if the weights clearly do not follow it) or ``"infer"``
+        (read from the current weights).
       W_std, b_std: explicit standard deviations, a float for every layer or a mapping from
         qualified module names (as in ``model.named_modules()``) to floats.
 
@@ -71,23 +81,16 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
         raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
     _check_uniform(model)
     options = Options(parameterization, init, W_std, b_std)
-    nodes = []
-    for index, (name, module) in enumerate(_leaves(model)):
-        converter = find_converter(module)
-        where = f"module {index} '{name}' ({type(module).__name__})"
-        if converter is None:
-            raise UnsupportedLayerError(
-                f"{where} has no converter. Supported module types: {', '.join(supported_types())}. "
-                f"Register one with @ntbridge.register_converter({type(module).__name__}), or build "
-                f"the model from supported modules in an nn.Sequential.")
-        ctx = Context(name, index, options)
-        layer = converter(module, ctx)
-        nodes.append(Node(index, name, module, layer, tuple(_tensors(module)), ctx.hyper,
-                          inputs=(index - 1,)))
+    leaves = list(_leaves(model))
+    if any(_is_user_container(module) for _, module in leaves):
+        nodes = fx_nodes(model, options)
+    else:
+        nodes = [make_node(i, name, module, (i - 1,), options)
+                 for i, (name, module) in enumerate(leaves)]
     options.check_names([n.name for n in nodes if n.hyper])
     floats = [t for t in model.parameters()] or [torch.empty(0)]
     with precision(floats[0].dtype):
-        params = {n.key(p): to_jax(t, n.key(p)) for n in nodes for p, t in _tensors(n.module).items()}
+        params = {key: to_jax(t, key) for key, t in module_tensors(nodes).items()}
     signature = (parameterization, tuple(
         (n.name, _signature_part(n.module), tuple(sorted(n.hyper.items())), n.inputs) for n in nodes))
     return Graph(nodes, params, signature)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Any, NamedTuple
 
 import jax
+import torch
 from torch import nn
 
-from ..errors import NtbridgeError
+from ..errors import InitMismatchWarning, NtbridgeError, UnsupportedLayerError
 from ..stax import Kernel, Layer, dag, input_kernel
 from ..stax.kernel import symmetrize
+from .registry import Context, Options, find_converter, init_mismatch, supported_types
 
 Params = dict[str, jax.Array]
 KERNEL_NAMES = ("nngp", "ntk")
@@ -35,6 +38,7 @@ class Node:
     param_names: tuple[str, ...]
     hyper: dict
     inputs: tuple[int, ...]  # the nodes feeding this one; stax.INPUT (-1) is the model's input
+    init_checks: tuple = ()  # (label, tensor, fan_in) the analytic kernel assumes torch-initialised
 
     @property
     def where(self) -> str:
@@ -43,6 +47,33 @@ class Node:
 
     def key(self, param: str) -> str:
         return f"{self.name}.{param}" if self.name else param
+
+
+def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(module.named_parameters(recurse=False)),
+            **dict(module.named_buffers(recurse=False))}
+
+
+def make_node(index: int, name: str, module: nn.Module, inputs: tuple[int, ...],
+              options: Options) -> Node:
+    """Convert ``module`` (qualified name ``name``, fed by nodes ``inputs``) with its registered
+    converter; raises UnsupportedLayerError naming it if it has none."""
+    converter = find_converter(module)
+    if converter is None:
+        raise UnsupportedLayerError(
+            f"module {index} '{name}' ({type(module).__name__}) has no converter. Supported module "
+            f"types: {', '.join(supported_types())}. Register one with "
+            f"@ntbridge.register_converter({type(module).__name__}), or build the model from "
+            f"supported modules.")
+    ctx = Context(name, index, options)
+    layer = converter(module, ctx)
+    return Node(index, name, module, layer, tuple(_tensors(module)), ctx.hyper, inputs,
+                ctx.init_checks)
+
+
+def module_tensors(nodes: list[Node]) -> dict[str, torch.Tensor]:
+    """The parameters and buffers of the nodes' modules, keyed by qualified name."""
+    return {n.key(p): t for n in nodes for p, t in _tensors(n.module).items()}
 
 
 def _located(layer: Layer, where: str) -> Layer:
@@ -90,6 +121,21 @@ def _analytic(network: Layer, x1, x2, get):
     return out[get] if isinstance(get, str) else Kernels(**out)
 
 
+def _warn_init_mismatch(nodes: tuple[Node, ...]) -> None:
+    """One InitMismatchWarning naming every module whose weights contradict torch's default init."""
+    found = []
+    for n in nodes:
+        whys = [f"{label} has {why}" for label, t, fan_in in n.init_checks
+                if (why := init_mismatch(t, fan_in))]
+        found += [f"{n.where}: {', '.join(whys)}"] if whys else []
+    if found:
+        warnings.warn(
+            "the analytic kernel assumes torch's default init (init='torch'), but "
+            + "; ".join(found) + ". Pass init='infer' to use the variances of the current "
+            "weights, or W_std=/b_std= (a float or {module name: float}) to state them.",
+            InitMismatchWarning, stacklevel=3)
+
+
 class Graph:
     """A converted model. Params are a flat dict keyed like ``model.named_parameters()``.
 
@@ -114,6 +160,7 @@ class Graph:
         layout = tuple(tuple((p, n.key(p)) for p in n.param_names) for n in nodes)
         self.apply_fn = functools.partial(_apply, self.network, layout)
         """The model's forward pass ``apply_fn(params, x)``, ``(N, *input) -> (N, *output)``."""
+        self._init_checked = False
         self._compiled_kernel = compiled(("analytic", signature), lambda: jax.jit(
             functools.partial(_analytic, self.network), static_argnames=("get",)))
 
@@ -134,6 +181,11 @@ class Graph:
         """Infinite-width kernels of the outputs, ``(N1, N2)`` per output unit (jit-compiled).
 
         ``get`` is ``"nngp"``, ``"ntk"`` (an array) or a tuple of them (a :class:`Kernels`).
-        With ``x2=None`` the result is exactly symmetric.
+        With ``x2=None`` the result is exactly symmetric. The first call warns
+        (:class:`~ntbridge.errors.InitMismatchWarning`) if weights the kernel assumes
+        torch-initialised clearly are not.
         """
+        if not self._init_checked:
+            self._init_checked = True
+            _warn_init_mismatch(self.layers)
         return self._compiled_kernel(x1, x2, get=get)

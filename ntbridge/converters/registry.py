@@ -101,6 +101,7 @@ class Context:
     index: int
     options: Options
     hyper: dict = dataclasses.field(default_factory=dict)
+    init_checks: tuple = ()  # (label, tensor, fan_in) assumed to follow torch's default init
 
     @property
     def parameterization(self) -> str:
@@ -113,6 +114,10 @@ class Context:
         for weight and bias, i.e. ``W_std = 1/sqrt(3)``, ``b_std = 1/sqrt(3 fan_in)``.
         ``init="infer"``: ``W_std**2 = fan_in * mean(W**2)``, ``b_std**2 = mean(b**2)``.
         Explicit ``W_std``/``b_std`` override either; parameters are then drawn Gaussian.
+        ``init_fn`` samples from the distribution stated by ``distribution``: torch's uniform for
+        ``init="torch"``, a Gaussian of the inferred or explicit variances otherwise. With
+        ``init="torch"``, the weights (and bias) not given explicitly are recorded for
+        :func:`init_mismatch`.
         """
         o = self.options
         if o.init == "torch":
@@ -124,6 +129,42 @@ class Context:
         W_std = W_std if W_exp is None else float(W_exp)
         b_std = None if bias is None else (b_std if b_exp is None else float(b_exp))
         explicit = W_exp is not None or b_exp is not None
+        if o.init == "torch":
+            self.init_checks = tuple((label, t, fan_in) for label, t, exp in
+                                     (("weight", weight, W_exp), ("bias", bias, b_exp))
+                                     if t is not None and exp is None)
         self.hyper = {"W_std": W_std, "b_std": b_std}
         return dict(W_std=W_std, b_std=b_std, parameterization=o.parameterization,
                     distribution="uniform" if o.init == "torch" and not explicit else "normal")
+
+
+# torch's default init of Linear/ConvNd draws weight and bias from U(-a, a) with a = 1/sqrt(fan_in).
+# The mean square of n such entries has mean a**2/3 and standard deviation a**2 sqrt(4 / (45 n))
+# (E[w**4] = a**4/5). A fresh model exceeds INIT_Z_MAX of them with probability below
+# exp(-0.17 INIT_Z_MAX**2) ~ 2e-8 per tensor (Hoeffding: the squares lie in [0, a**2]), while
+# kaiming_normal_ (6x the variance) sits 5.6 sqrt(n) of them away and mostly leaves the support.
+INIT_Z_MAX = 10.0
+
+
+def init_mismatch(tensor: torch.Tensor, fan_in: int) -> str | None:
+    """Why ``tensor`` cannot come from torch's default init ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``,
+    or None when it may.
+
+    Example:
+        >>> init_mismatch(nn.Linear(64, 64).weight, 64) is None
+        True
+        >>> init_mismatch(nn.init.kaiming_normal_(torch.empty(64, 64)), 64)
+        'entries up to 0.6 beyond the bound 1/sqrt(fan_in) = 0.125'
+    """
+    t = tensor.detach().double().flatten()
+    if t.numel() == 0:
+        return None
+    bound = fan_in ** -0.5
+    largest = t.abs().max().item()
+    if largest > bound * (1 + 4 * torch.finfo(tensor.dtype).eps):
+        return f"entries up to {largest:.3g} beyond the bound 1/sqrt(fan_in) = {bound:.3g}"
+    ratio = t.pow(2).mean().item() / (bound ** 2 / 3)
+    z = (ratio - 1) / (4 / (5 * t.numel())) ** 0.5
+    if abs(z) > INIT_Z_MAX:
+        return f"a variance {ratio:.3g}x the default's ({z:+.0f} standard errors)"
+    return None

@@ -5,9 +5,10 @@ Layers use torch's layout (channels first) and torch's semantics; ``kernel_fn`` 
 """
 
 from .activations import ABRelu, Relu, ab_relu_rule, elementwise
-from .combinators import INPUT, dag, serial
+from .combinators import INPUT, FanInConcat, FanInSum, FanOut, Scale, dag, parallel, serial
 from .kernel import Kernel, input_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer
 
-__all__ = ["ABRelu", "INPUT", "Dense", "dag", "Identity", "Kernel", "Layer", "Outer", "PARAMETERIZATIONS", "Relu",
-           "ab_relu_rule", "elementwise", "input_kernel", "serial"]
+__all__ = ["ABRelu", "Dense", "FanInConcat", "FanInSum", "FanOut", "INPUT", "Identity", "Kernel",
+           "Layer", "Outer", "PARAMETERIZATIONS", "Relu", "Scale", "ab_relu_rule", "dag",
+           "elementwise", "input_kernel", "parallel", "serial"]

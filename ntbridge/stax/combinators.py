@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 
+from ..errors import ShapeError, UnsupportedLayerError
+from .kernel import Kernel
 from .layers import Layer
 
 INPUT = -1  # in ``dag``, the index that stands for the network's input
@@ -62,3 +65,123 @@ def serial(*layers: Layer) -> Layer:
         >>> net = serial(Dense(3, 16, W_std=1.0, b_std=0.1), Relu(), Dense(16, 1, W_std=1.0, b_std=0.1))
     """
     return dag(layers, [(i - 1,) for i in range(len(layers))])
+
+
+def FanOut(n: int) -> Layer:
+    """``n`` copies of the input, as a tuple (to feed :func:`parallel`).
+
+    Example:
+        >>> net = serial(FanOut(2), parallel(Identity(), Dense(4, 4, W_std=1., b_std=0.)), FanInSum())
+    """
+    copies = lambda v: (v,) * n
+    return Layer(lambda key, shape: (copies(tuple(shape)), {}), lambda params, x: copies(x), copies)
+
+
+def parallel(*layers: Layer) -> Layer:
+    """Layer ``i`` applied to the ``i``-th entry of a tuple input; params are a tuple.
+
+    Example:
+        >>> branches = parallel(Identity(), Relu())   # (x, y) -> (x, relu(y))
+    """
+
+    def init_fn(key, input_shapes):
+        keys = jax.random.split(key, max(len(layers), 1))
+        out = [layer.init_fn(k, s) for layer, k, s in zip(layers, keys, input_shapes)]
+        return tuple(s for s, _ in out), tuple(p for _, p in out)
+
+    def apply_fn(params, xs):
+        return tuple(layer.apply_fn(p, x) for layer, p, x in zip(layers, params, xs))
+
+    def kernel_fn(ks):
+        return tuple(layer.kernel_fn(k) for layer, k in zip(layers, ks))
+
+    return Layer(init_fn, apply_fn, kernel_fn, any(layer.full_spatial for layer in layers))
+
+
+def _same_shapes(shapes, skip_axis: int | None = None) -> None:
+    """Raise ShapeError unless the branches' shapes agree (except on ``skip_axis``)."""
+    strip = lambda s: tuple(d for i, d in enumerate(s) if i != skip_axis)
+    if len({len(s) for s in shapes}) > 1 or len({strip(s) for s in shapes}) > 1:
+        where = "" if skip_axis is None else f" except on axis {skip_axis}"
+        raise ShapeError(f"the branches' shapes {[tuple(s) for s in shapes]} must agree{where}.")
+
+
+def _combine(ks: Sequence[Kernel], weights: Sequence[float], is_gaussian: bool) -> Kernel:
+    """The kernels' weighted sum, field by field (NTK None if any branch has none)."""
+    total = lambda xs: sum(w * x for w, x in zip(weights, xs))
+    ntks = [k.ntk for k in ks]
+    return ks[0].replace(nngp=total([k.nngp for k in ks]), cov1=total([k.cov1 for k in ks]),
+                         cov2=total([k.cov2 for k in ks]),
+                         ntk=None if any(t is None for t in ntks) else total(ntks),
+                         is_gaussian=is_gaussian)
+
+
+def FanInSum() -> Layer:
+    """The sum of a tuple of same-shape inputs (a residual connection ``h + f(h)``).
+
+    Kernel rule: the sum of the branches' NNGPs and NTKs, exact when the branches' outputs are
+    uncorrelated in the infinite-width limit, e.g. when one branch ends in an affine layer with
+    zero-mean weights that the other does not depend on (``h + Linear(relu(h))``). It is *not*
+    exact when both are deterministic functions of one value (``h + relu(h)``, ``h + h``): the
+    cross-covariance is missing. ``ntbridge.convert`` detects that case and refuses it.
+
+    Example:
+        >>> residual = dag([Dense(8, 8, W_std=1., b_std=0.), FanInSum()], [(INPUT,), (INPUT, 0)])
+    """
+
+    def init_fn(key, shapes):
+        _same_shapes(shapes)
+        return tuple(shapes[0]), {}
+
+    def kernel_fn(ks):
+        _same_shapes([k.shape1 for k in ks])
+        return _combine(ks, [1.0] * len(ks), all(k.is_gaussian for k in ks))
+
+    return Layer(init_fn, lambda params, xs: sum(xs[1:], xs[0]), kernel_fn)
+
+
+def FanInConcat(axis: int = 1) -> Layer:
+    """Concatenation of a tuple of inputs along ``axis`` (torch's ``torch.cat(xs, dim=axis)``).
+
+    Kernel rule (channel axis 1 only): the channel-weighted average of the branches' kernels
+    ``sum_i C_i K_i / sum_i C_i``, exact for any correlation between the branches. Its channels are
+    no longer identically distributed, so the result only feeds affine layers (is_gaussian False).
+
+    Example:
+        >>> dense_block = dag([Dense(4, 8, W_std=1., b_std=0.), FanInConcat()], [(INPUT,), (INPUT, 0)])
+    """
+
+    def init_fn(key, shapes):
+        ax = axis % len(shapes[0])
+        _same_shapes(shapes, skip_axis=ax)
+        out = list(shapes[0])
+        out[ax] = sum(s[ax] for s in shapes)
+        return tuple(out), {}
+
+    def kernel_fn(ks):
+        ndim = len(ks[0].shape1)
+        if axis % ndim != 1:
+            raise UnsupportedLayerError(
+                f"concatenation along axis {axis} of {ndim}-d outputs has no kernel rule here; "
+                f"only the channel axis 1 has one.")
+        _same_shapes([k.shape1 for k in ks], skip_axis=1)
+        channels = [k.shape1[1] for k in ks]
+        out = _combine(ks, [c / sum(channels) for c in channels], False)
+        grow = lambda s: (s[0], sum(channels), *s[2:])
+        return out.replace(shape1=grow(out.shape1), shape2=grow(out.shape2))
+
+    return Layer(init_fn, lambda params, xs: jnp.concatenate(xs, axis=axis), kernel_fn)
+
+
+def Scale(c: float) -> Layer:
+    """Multiplication by a constant ``c``: kernels scale by ``c**2``.
+
+    Example:
+        >>> half = Scale(0.5)
+    """
+
+    def kernel_fn(k):
+        s = lambda v: None if v is None else c * c * v
+        return k.replace(nngp=s(k.nngp), ntk=s(k.ntk), cov1=s(k.cov1), cov2=s(k.cov2))
+
+    return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: c * x, kernel_fn)

@@ -1,0 +1,324 @@
+"""Models that are not ``nn.Sequential``: torch.fx traces ``forward`` into a DAG of nodes.
+
+Leaf modules (registered types, torch's own) stay ``call_module`` nodes, converted by the registry.
+Functional calls become the equivalent module instance (``F.gelu(x, approximate=a)`` ->
+``nn.GELU(a)``, ``x.view(x.size(0), -1)`` -> ``nn.Flatten()``...), so that each module type has
+one converter; ``+``/``torch.add`` become :class:`Add`, ``torch.cat`` :class:`Concat`, and
+multiplication or division by a constant :class:`Scale`.
+
+The kernel of a sum is the sum of the branches' kernels only when the branches are uncorrelated;
+:func:`correlated` works out from the graph when that is not so (e.g. ``h + relu(h)``), and the
+sum's kernel rule then refuses to run (its forward pass and empirical kernels still work).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from .. import stax
+from ..errors import ConversionError, UnsupportedLayerError
+from ..stax import INPUT
+from .graph import Node, make_node
+from .registry import Context, Options, find_converter, register
+
+
+class Add(nn.Module):
+    """``x1 + x2 + ...`` (a residual sum); ``correlated`` says why its kernel rule is not exact."""
+
+    def __init__(self, correlated: str = ""):
+        super().__init__()
+        self.correlated = correlated
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return sum(xs[1:], xs[0])
+
+    def extra_repr(self) -> str:
+        return f"correlated={self.correlated!r}" if self.correlated else ""
+
+
+class Concat(nn.Module):
+    """``torch.cat(xs, dim)``."""
+
+    def __init__(self, dim: int = 1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return torch.cat(xs, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Scale(nn.Module):
+    """``c * x`` for a constant ``c``."""
+
+    def __init__(self, c: float):
+        super().__init__()
+        self.c = c
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c * x
+
+    def extra_repr(self) -> str:
+        return f"c={self.c!r}"
+
+
+@register(Add)
+def _add_layer(module: Add, ctx: Context) -> stax.Layer:
+    layer = stax.FanInSum()
+    if not module.correlated:
+        return layer
+
+    def refuse(ks):
+        raise UnsupportedLayerError(
+            f"{module.correlated}, so the kernel of their sum is not the sum of their kernels. The "
+            f"rule is exact when one branch ends in a Linear/Conv layer the other does not depend "
+            f"on (h + Linear(relu(h))); restructure the block so, or use ntbridge.empirical_ntk.")
+
+    return layer._replace(kernel_fn=refuse)
+
+
+@register(Concat)
+def _concat_layer(module: Concat, ctx: Context) -> stax.Layer:
+    return stax.FanInConcat(module.dim)
+
+
+@register(Scale)
+def _scale_layer(module: Scale, ctx: Context) -> stax.Layer:
+    return stax.Scale(module.c)
+
+
+# ------------------------------------------------------------ functional calls -> module instances
+
+def _flatten(x, start_dim=0, end_dim=-1) -> nn.Module:
+    if start_dim == 0:
+        raise UnsupportedLayerError("flattening from axis 0 mixes the examples of the batch; "
+                                    "flatten from axis 1: torch.flatten(x, 1).")
+    return nn.Flatten(start_dim, end_dim)
+
+
+def _is_shape(a) -> bool:
+    """Whether fx node ``a`` computes a shape or size (an int), not a tensor."""
+    if not isinstance(a, fx.Node):
+        return False
+    return ((a.op == "call_method" and a.target == "size")
+            or (a.op == "call_function" and a.target is getattr and a.args[1] == "shape")
+            or (a.op == "call_function" and a.target is operator.getitem and _is_shape(a.args[0])))
+
+
+def _is_batch_size(a) -> bool:
+    """Whether fx node ``a`` is ``t.size(0)``, ``t.shape[0]`` or ``t.size()[0]``."""
+    if not isinstance(a, fx.Node):
+        return False
+    if a.op == "call_method" and a.target == "size":
+        return (a.args[1:] or (a.kwargs.get("dim"),)) == (0,)
+    return a.target is operator.getitem and _is_shape(a.args[0]) and a.args[1] == 0
+
+
+def _view(x, *shape) -> nn.Module:
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    if len(shape) == 2 and _is_batch_size(shape[0]) and shape[1] == -1:
+        return nn.Flatten()
+    raise UnsupportedLayerError(
+        "only reshapes that flatten each example are supported: x.view(x.size(0), -1), "
+        "x.reshape(x.shape[0], -1), x.flatten(1) or torch.flatten(x, 1).")
+
+
+def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None) -> nn.Module:
+    return nn.AvgPool2d(kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override)
+
+
+def _scale(x, c, divide: bool = False) -> nn.Module:
+    if isinstance(x, fx.Node) and isinstance(c, fx.Node):
+        raise UnsupportedLayerError("the product of two tensors has no kernel rule here; only "
+                                    "multiplication or division by a constant number is supported.")
+    c = c if isinstance(x, fx.Node) else x
+    if not isinstance(c, (int, float)) or isinstance(c, bool):
+        raise UnsupportedLayerError(f"multiplication by {c!r}: only constant numbers are supported.")
+    return Scale(1 / c if divide else float(c))
+
+
+def _add(x, y, *, alpha=1) -> nn.Module:
+    if not (isinstance(x, fx.Node) and isinstance(y, fx.Node)) or alpha != 1:
+        raise UnsupportedLayerError("only sums of two tensors (x + y, torch.add(x, y)) are "
+                                    "supported, not the addition of constants or alpha != 1.")
+    return Add()
+
+
+UNARY: dict = {
+    torch.relu: lambda x: nn.ReLU(), F.relu: lambda x, inplace=False: nn.ReLU(),
+    F.gelu: lambda x, approximate="none": nn.GELU(approximate),
+    torch.tanh: lambda x: nn.Tanh(), F.tanh: lambda x: nn.Tanh(),
+    torch.sigmoid: lambda x: nn.Sigmoid(), F.sigmoid: lambda x: nn.Sigmoid(),
+    F.avg_pool2d: _avg_pool2d,
+    F.adaptive_avg_pool2d: lambda x, output_size: nn.AdaptiveAvgPool2d(output_size),
+    torch.flatten: _flatten,
+    operator.mul: _scale, torch.mul: _scale,
+    operator.truediv: lambda x, c: _scale(x, c, divide=True),
+}
+BINARY: dict = {operator.add: _add, torch.add: _add}
+METHODS: dict = {
+    "relu": lambda x: nn.ReLU(), "tanh": lambda x: nn.Tanh(), "sigmoid": lambda x: nn.Sigmoid(),
+    "flatten": _flatten, "view": _view, "reshape": _view, "mul": _scale,
+    "div": lambda x, c: _scale(x, c, divide=True),
+}
+CONCATS = (torch.cat, torch.concat, torch.concatenate)
+
+
+def _concat(tensors, dim=0, *, axis=None) -> nn.Module:
+    return Concat(dim if axis is None else axis)
+
+
+def equivalent(node: fx.Node) -> tuple[nn.Module, list]:
+    """The module instance computing fx node ``node``, and the fx nodes it takes as inputs."""
+    args, kwargs = node.args, node.kwargs
+    if node.op == "call_method" and node.target == "add":
+        return _add(*args, **kwargs), list(args)
+    if node.op == "call_method" and node.target in METHODS:
+        return METHODS[node.target](*args, **kwargs), [args[0]]
+    if node.op == "call_function" and node.target in BINARY:
+        return BINARY[node.target](*args, **kwargs), list(args)
+    if node.op == "call_function" and node.target in CONCATS:
+        return _concat(*args, **kwargs), list(args[0])
+    if node.op == "call_function" and node.target in UNARY:
+        module = UNARY[node.target](*args, **kwargs)
+        return module, [a for a in args if isinstance(a, fx.Node)]
+    what = getattr(node.target, "__name__", node.target)
+    raise UnsupportedLayerError(
+        f"{node.op} '{what}' has no equivalent module here. Supported: the registered modules, "
+        f"{sorted({getattr(f, '__name__', f) for f in (*UNARY, *BINARY, *CONCATS)})} and the "
+        f"tensor methods {sorted({*METHODS, 'add'})}. Use a module, or register a converter for "
+        f"a module wrapping this computation (ntbridge.register_converter).")
+
+
+# ------------------------------------------------------------ which sums are exact
+
+AFFINE = (nn.Linear, nn.modules.conv._ConvNd)  # fresh zero-mean weights: output zero-mean given input
+LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, nn.modules.pooling._AvgPoolNd,
+          nn.modules.pooling._AdaptiveAvgPoolNd, nn.modules.dropout._DropoutNd, Add, Concat, Scale)
+
+
+def correlated(nodes: list[Node], inputs: tuple[int, ...]) -> str:
+    """Why the values of ``inputs`` (indices into ``nodes``) may be correlated, or ``""``.
+
+    A value that is a linear function of the outputs of affine layers ``T`` (its *terms*) is
+    uncorrelated with any value not depending on ``T``: each term is ``W u + b`` with ``W``, ``b``
+    zero-mean and independent of everything but the term's descendants, for the NNGP as for the
+    NTK (whose cross terms are linear in ``W`` too). Branches for which no such term exists on
+    either side (``h + relu(h)``) may be correlated.
+    """
+    terms, ancestors = {INPUT: None}, {INPUT: frozenset({INPUT})}
+    for n in nodes:
+        ancestors[n.index] = frozenset({n.index}).union(*(ancestors[i] for i in n.inputs))
+        if isinstance(n.module, AFFINE):
+            terms[n.index] = frozenset({n.index})
+        elif isinstance(n.module, LINEAR) and all(terms[i] is not None for i in n.inputs):
+            terms[n.index] = frozenset().union(*(terms[i] for i in n.inputs))
+        else:
+            terms[n.index] = None
+    name = lambda i: "the model's input" if i == INPUT else f"'{nodes[i].name}'"
+    for position, a in enumerate(inputs):
+        for b in inputs[position + 1:]:
+            if not any(terms[i] is not None and not terms[i] & ancestors[j]
+                       for i, j in ((a, b), (b, a))):
+                return f"the summed branches {name(a)} and {name(b)} may be correlated"
+    return ""
+
+
+# ------------------------------------------------------------ tracing
+
+class _Tracer(fx.Tracer):
+    """Keeps registered module types (and torch's own modules) whole, as ``call_module`` nodes."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return find_converter(m) is not None or super().is_leaf_module(m, qualname)
+
+
+def _trace(model: nn.Module) -> fx.Graph:
+    try:
+        graph = fx.GraphModule(model, _Tracer().trace(model)).graph
+    except Exception as e:  # fx raises many types; none of them is the user's fault but the model's
+        raise ConversionError(
+            f"torch.fx could not trace {type(model).__name__}.forward ({type(e).__name__}: {e}). "
+            f"Data-dependent control flow (if/for/while on tensor values) cannot be traced. Rewrite "
+            f"the model as an nn.Sequential of supported modules, or register a converter for the "
+            f"module that cannot be traced (ntbridge.register_converter) so that it is kept whole."
+        ) from e
+    graph.eliminate_dead_code()
+    return graph
+
+
+def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
+    """The converted nodes of ``model``'s traced ``forward``, in execution order.
+
+    Example:
+        >>> [n.name for n in fx_nodes(ResBlock(), Options())]
+        ['fc1', 'relu', 'fc2', 'add']
+    """
+    nodes: list[Node] = []
+    index: dict[fx.Node, int] = {}
+    for node in _trace(model).nodes:
+        if node.op == "placeholder":
+            if index:
+                raise ConversionError(f"{type(model).__name__}.forward takes several inputs; "
+                                      f"ntbridge models take one tensor, forward(x).")
+            index[node] = INPUT
+        elif node.op == "get_attr":
+            raise UnsupportedLayerError(
+                f"{type(model).__name__}.forward uses the tensor '{node.target}' directly; wrap the "
+                f"computation in a module and register a converter for it.")
+        elif node.op == "output":
+            nodes += _output(node, index, nodes, options)
+        elif not _is_shape(node):
+            where = f"module {len(nodes)} '{node.name}'"
+            module, sources = (model.get_submodule(node.target), [*node.args, *node.kwargs.values()]) \
+                if node.op == "call_module" else _located(equivalent, where)(node)
+            if node.op == "call_module" and len(sources) != 1:
+                raise ConversionError(f"{where} ({type(module).__name__}) is called with "
+                                      f"{len(sources)} arguments; modules take one tensor.")
+            inputs = tuple(_source(a, index, where) for a in sources)
+            if isinstance(module, Add):
+                module = Add(correlated(nodes, inputs))
+            name = node.target if node.op == "call_module" else node.name
+            index[node] = len(nodes)
+            nodes.append(make_node(len(nodes), name, module, inputs, options))
+    return nodes
+
+
+def _located(fn: Callable, where: str) -> Callable:
+    def located(*args):
+        try:
+            return fn(*args)
+        except UnsupportedLayerError as e:
+            raise UnsupportedLayerError(f"{where}: {e}") from None
+        except TypeError as e:  # arguments the equivalent module does not take
+            raise UnsupportedLayerError(f"{where}: unsupported arguments ({e}).") from None
+    return located
+
+
+def _source(a, index: dict, where: str) -> int:
+    if not isinstance(a, fx.Node) or a not in index:
+        raise ConversionError(f"{where} takes {a!r} as an input, which is not a tensor computed "
+                              f"by the model; only tensor inputs are supported.")
+    return index[a]
+
+
+def _output(node: fx.Node, index: dict, nodes: list[Node], options: Options) -> list[Node]:
+    """Nothing, or an Identity node when forward returns its input; the result must be one tensor."""
+    result = node.args[0]
+    if not isinstance(result, fx.Node) or result not in index:
+        raise ConversionError(f"forward returns {result!r}; ntbridge models return one tensor.")
+    if index[result] == INPUT:
+        return [make_node(len(nodes), "output", nn.Identity(), (INPUT,), options)]
+    if index[result] != len(nodes) - 1:
+        raise ConversionError(f"forward computes '{nodes[-1].name}' after its result "
+                              f"'{nodes[index[result]].name}'; remove that computation.")
+    return []
