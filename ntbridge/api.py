@@ -115,6 +115,7 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
         graph = convert(model, parameterization=parameterization, init=init, W_std=W_std,
                         b_std=b_std)
         a1, a2 = _inputs(graph, x1, x2)
+        graph.check_init()
         fn = compiled(("analytic", graph.signature, get), lambda: functools.partial(
             lambda kernel_fn, args, t1, t2: kernel_fn(t1, t2, get=get), graph._compiled_kernel))
         diagonal = not graph.network.full_spatial

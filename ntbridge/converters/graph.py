@@ -185,7 +185,12 @@ class Graph:
         (:class:`~ntbridge.errors.InitMismatchWarning`) if weights the kernel assumes
         torch-initialised clearly are not.
         """
+        self.check_init()
+        return self._compiled_kernel(x1, x2, get=get)
+
+    def check_init(self) -> None:
+        """Warn once (:class:`~ntbridge.errors.InitMismatchWarning`) if weights the analytic kernel
+        assumes torch-initialised clearly are not."""
         if not self._init_checked:
             self._init_checked = True
             _warn_init_mismatch(self.layers)
-        return self._compiled_kernel(x1, x2, get=get)
