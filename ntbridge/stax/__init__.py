@@ -6,8 +6,12 @@ Layers use torch's layout (channels first) and torch's semantics; ``kernel_fn`` 
 
 from .activations import ABRelu, Relu, ab_relu_rule, elementwise
 from .combinators import INPUT, dag, serial
+from .conv import Conv
 from .kernel import Kernel, input_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer
+from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, MaxPool
+from .reshape import Flatten, Unflatten
 
 __all__ = ["ABRelu", "INPUT", "Dense", "dag", "Identity", "Kernel", "Layer", "PARAMETERIZATIONS", "Relu",
-           "ab_relu_rule", "elementwise", "input_kernel", "serial"]
+           "ab_relu_rule", "elementwise", "input_kernel", "serial",
+           "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "Conv", "Flatten", "MaxPool", "Unflatten"]
