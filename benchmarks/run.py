@@ -160,6 +160,47 @@ def empirical_wide_mlp(n: int, repeats: int) -> None:
                        repeats=repeats)
 
 
+def _cnn(head: str, size: int) -> nn.Module:
+    """Two 3x3 conv layers of 64 channels with ReLU, then a Flatten or global-average-pooling head."""
+    convs = [nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU()]
+    tail = ([nn.Flatten(), nn.Linear(64 * size * size, 10)] if head == "Flatten" else
+            [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)])
+    return nn.Sequential(*convs, *tail)
+
+
+def _cnn_kernel(head: str, n: int, size: int) -> tuple[float, float, int]:
+    """Steady-state and compile times of the analytic NNGP + NTK of ``_cnn`` on n images, and the
+    compiled program's memory (arguments, outputs and temporaries) from XLA's analysis."""
+    graph = ntbridge.convert(_cnn(head, size))
+    a = to_jax(torch.randn(n, 3, size, size))
+    t0 = time.perf_counter()
+    fn = jax.jit(lambda a: graph.kernel_fn(a, get=("nngp", "ntk"))).lower(a).compile()
+    t_compile = time.perf_counter() - t0
+    m = fn.memory_analysis()
+    peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+    return best_time(lambda: fn(a)), t_compile, peak
+
+
+def cnn_kernels(n_flatten: int, n_pool: int) -> None:
+    """Analytic CNN kernels: scaling in N and image size, compile vs steady-state time.
+
+    A Flatten head keeps only same-position covariances (cost ~ N^2 H W); global average pooling
+    needs every pair of positions (cost ~ N^2 (H W)^2).
+    """
+    for head, n in (("Flatten", n_flatten), ("global avg pool", n_pool)):
+        t, t_compile, peak = _cnn_kernel(head, n, 8)
+        t_2n = _cnn_kernel(head, 2 * n, 8)[0]
+        t_16, _, peak_16 = _cnn_kernel(head, n, 16)
+        entry = lambda t: f"{t / n ** 2 * 1e6:.1f} us/entry"
+        row(f"CNN {head} 8x8: time(2N)/time(N) (N={n})", t_2n / t,
+            f"ideal 4; {entry(t)}, peak {peak / 2 ** 20:.1f} MiB")
+        row(f"CNN {head}: time 16x16 / 8x8 (N={n})", t_16 / t,
+            f"ideal {4 if head == 'Flatten' else 16}; 16x16: {entry(t_16)}, "
+            f"peak {peak_16 / 2 ** 20:.1f} MiB")
+        row(f"CNN {head} 8x8: compile / steady-state (N={n})", t_compile / t,
+            f"compile {t_compile:.2f} s, steady {t * 1e3:.1f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
@@ -171,8 +212,7 @@ def main() -> None:
     dlpack_handoff(n)
     tiling_overhead(n)
     device_scaling(n)
-
-
+    cnn_kernels(64 if args.quick else 256, 8 if args.quick else 32)
     repeats = 2 if args.quick else 5
     empirical_wide_mlp(64 if args.quick else 256, repeats)
     empirical_cnn(repeats)

@@ -76,8 +76,6 @@ def test_many_outputs_on_two_axes(impl):
 
 
 def test_cnn_matches_torch_func():
-    if find_converter(nn.Conv2d(1, 1, 1)) is None:
-        pytest.skip("nn.Conv2d has no converter yet")
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
                           nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
     x1, x2 = torch.randn(3, 3, 8, 8), torch.randn(2, 3, 8, 8)

@@ -5,7 +5,6 @@ import torch
 from torch import nn
 
 import ntbridge
-from ntbridge.converters.registry import find_converter
 
 # Explicit W_std/b_std: init_fn then draws Gaussian weights, for which the analytic kernel of a
 # one-hidden-layer network is the exact expectation at any width.
@@ -47,7 +46,6 @@ def test_tiling_does_not_change_the_estimate():
     assert torch.equal(s.mean, s.mean.T)
 
 
-@pytest.mark.skipif(find_converter(nn.MaxPool2d(2)) is None, reason="MaxPool2d converter pending")
 def test_works_for_a_model_with_maxpool():
     net = nn.Sequential(nn.Conv2d(2, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                         nn.Linear(16 * 4, 3))

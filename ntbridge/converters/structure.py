@@ -1,11 +1,24 @@
-"""Converters of structural modules that do not change values: ``nn.Identity``."""
+"""Converters of structural modules: ``nn.Identity``, ``nn.Flatten``, ``nn.Unflatten``."""
 
 from torch import nn
 
 from .. import stax
+from ..errors import UnsupportedLayerError
 from .registry import Context, register
 
 
 @register(nn.Identity)
 def _identity(module: nn.Identity, ctx: Context) -> stax.Layer:
     return stax.Identity()
+
+
+@register(nn.Flatten)
+def _flatten(module: nn.Flatten, ctx: Context) -> stax.Layer:
+    return stax.Flatten(module.start_dim, module.end_dim)
+
+
+@register(nn.Unflatten)
+def _unflatten(module: nn.Unflatten, ctx: Context) -> stax.Layer:
+    if isinstance(module.dim, str):
+        raise UnsupportedLayerError("named-tensor Unflatten is not supported; give dim as an int")
+    return stax.Unflatten(module.dim, tuple(module.unflattened_size))

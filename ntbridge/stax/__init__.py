@@ -7,8 +7,12 @@ Layers use torch's layout (channels first) and torch's semantics; ``kernel_fn`` 
 from .activations import ABRelu, Relu, ab_relu_rule, elementwise
 from .combinators import INPUT, FanInConcat, FanInSum, FanOut, Scale, dag, parallel, serial
 from .kernel import Kernel, input_kernel
+from .conv import Conv
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer
+from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, MaxPool
+from .reshape import Flatten, Unflatten
 
-__all__ = ["ABRelu", "Dense", "FanInConcat", "FanInSum", "FanOut", "INPUT", "Identity", "Kernel",
+__all__ = ["ABRelu", "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "Conv", "Flatten", "MaxPool",
+           "Unflatten", "Dense", "FanInConcat", "FanInSum", "FanOut", "INPUT", "Identity", "Kernel",
            "Layer", "Outer", "PARAMETERIZATIONS", "Relu", "Scale", "ab_relu_rule", "dag",
            "elementwise", "input_kernel", "parallel", "serial"]

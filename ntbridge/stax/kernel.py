@@ -100,13 +100,43 @@ def input_kernel(x1: jax.Array, x2: jax.Array | None, *, compute_ntk: bool,
         x1_is_x2=x1_is_x2, is_gaussian=False, diagonal_spatial=diagonal_spatial)
 
 
+def spatial_axes(n_batch: int, ndim: int, diagonal_spatial: bool) -> list[tuple[int, ...]]:
+    """The axes of each spatial dimension in a kernel array with ``n_batch`` leading batch axes.
+
+    ``(n_batch + d,)`` for diagonal layouts, the pair ``(n_batch + 2d, n_batch + 2d + 1)`` otherwise.
+    """
+    if diagonal_spatial:
+        return [(n_batch + d,) for d in range(ndim)]
+    return [(n_batch + 2 * d, n_batch + 2 * d + 1) for d in range(ndim)]
+
+
+def spatial_diagonal(a: jax.Array, n_batch: int, diagonal_spatial: bool) -> jax.Array:
+    """Same-position entries ``(batch..., *S)`` of a kernel array in either layout."""
+    if diagonal_spatial:
+        return a
+    ndim = (a.ndim - n_batch) // 2
+    s, _ = _spatial_letters(ndim)
+    batch = "abcdefgh"[:n_batch]
+    return jnp.einsum(batch + "".join(c + c for c in s) + "->" + batch + s, a)
+
+
+def reshape_spatial(a: jax.Array, n_batch: int, diagonal_spatial: bool,
+                    new_spatial: tuple[int, ...]) -> jax.Array:
+    """A kernel array of inputs whose spatial axes were reshaped (row-major) to ``new_spatial``."""
+    batch = a.shape[:n_batch]
+    if diagonal_spatial:
+        return a.reshape(*batch, *new_spatial)
+    ndim, new = (a.ndim - n_batch) // 2, len(new_spatial)
+    firsts = [n_batch + 2 * d for d in range(ndim)]
+    a = jnp.transpose(a, [*range(n_batch), *firsts, *[i + 1 for i in firsts]])
+    a = a.reshape(*batch, *new_spatial, *new_spatial)
+    interleave = [i for d in range(new) for i in (n_batch + d, n_batch + new + d)]
+    return jnp.transpose(a, [*range(n_batch), *interleave])
+
+
 def _diagonal_variances(cov: jax.Array, diagonal_spatial: bool) -> jax.Array:
     """Each example's variance at each position, ``(N, *S)``, from its covariance ``cov``."""
-    if diagonal_spatial:
-        return cov
-    ndim = (cov.ndim - 1) // 2
-    s, _ = _spatial_letters(ndim)
-    return jnp.einsum("a" + "".join(c + c for c in s) + "->a" + s, cov)
+    return spatial_diagonal(cov, 1, diagonal_spatial)
 
 
 def _broadcast(v: jax.Array, batch_pairs: int | None, side: int, diagonal_spatial: bool):
@@ -150,3 +180,9 @@ def swap(a: jax.Array, diagonal_spatial: bool) -> jax.Array:
 def symmetrize(a: jax.Array, diagonal_spatial: bool) -> jax.Array:
     """``(a + swap(a)) / 2``: exactly symmetric."""
     return (a + swap(a, diagonal_spatial)) / 2
+
+
+def map_arrays(k: Kernel, fn) -> Kernel:
+    """``k`` with ``fn(array, n_batch)`` applied to nngp, ntk (2 batch axes), cov1 and cov2 (1)."""
+    return k.replace(nngp=fn(k.nngp, 2), ntk=None if k.ntk is None else fn(k.ntk, 2),
+                     cov1=fn(k.cov1, 1), cov2=fn(k.cov2, 1))

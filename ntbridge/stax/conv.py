@@ -1,0 +1,154 @@
+"""Convolutions (torch's ``nn.Conv1d/2d/3d``) and the sliding windows they share with pooling.
+
+Kernel rule (Neural Tangents' mathematics): output position ``s`` of a convolution sees input
+positions ``p(s, j) = s * stride + j * dilation - pad`` through the weight at offset ``j``, shared by
+all positions, so ``nngp_out[s, s'] = W_std**2 * mean_j nngp_in[p(s, j), p(s', j)] + b_std**2``
+(same ``j`` on both sides; on the diagonal layout ``s = s'``). Zero padding has zero covariance;
+circular, reflect and replicate padding copy input positions, so their covariance is the input's at
+the copied positions (exact). Groups do not change the infinite-width kernel: each group averages
+over its own i.i.d. channels.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import InputError, ShapeError
+from .kernel import Kernel, map_arrays, spatial_axes
+from .layers import Layer, _sample, affine_ntk
+
+# torch padding_mode -> jnp.pad mode
+PADDING_MODES = {"zeros": "constant", "circular": "wrap", "reflect": "reflect", "replicate": "edge"}
+Pads = tuple[tuple[int, int], ...]
+
+
+def as_tuple(value: int | Sequence[int], ndim: int) -> tuple[int, ...]:
+    """torch's ``_ntuple``: an int repeated ``ndim`` times, or a sequence of ``ndim`` ints."""
+    return (int(value),) * ndim if isinstance(value, int) else tuple(int(v) for v in value)
+
+
+def conv_padding(padding: str | int | Sequence[int], kernel_size: tuple[int, ...],
+                 dilation: tuple[int, ...]) -> Pads:
+    """``(low, high)`` zeros per spatial dim for torch's ``padding`` (int(s), ``"same"``, ``"valid"``).
+
+    ``"same"`` pads ``dilation * (k - 1)`` in all, the odd one at the end, as torch does.
+    """
+    if padding == "valid":
+        return ((0, 0),) * len(kernel_size)
+    if padding == "same":
+        totals = [d * (k - 1) for k, d in zip(kernel_size, dilation)]
+        return tuple((t // 2, t - t // 2) for t in totals)
+    return tuple((p, p) for p in as_tuple(padding, len(kernel_size)))
+
+
+def window_count(length: int, size: int, stride: int, dilation: int, pad: tuple[int, int]) -> int:
+    """Number of windows of ``size`` (dilated) taken every ``stride`` along a padded axis."""
+    return (length + pad[0] + pad[1] - dilation * (size - 1) - 1) // stride + 1
+
+
+def window_reduce(a: jax.Array, axes: tuple[int, ...], size: int, stride: int, dilation: int,
+                  pad: tuple[int, int], mode: str, op: Callable, fill: float = 0.0) -> jax.Array:
+    """``out[i] = op_j a_pad[i * stride + j * dilation]``, the same ``j`` on every axis of ``axes``.
+
+    ``a`` is first padded by ``pad`` on each of ``axes`` (all of one length), with ``fill`` for
+    ``mode="constant"``, else with the ``jnp.pad`` mode.
+    """
+    widths = [(0, 0)] * a.ndim
+    for ax in axes:
+        widths[ax] = pad
+    a = (jnp.pad(a, widths, constant_values=fill) if mode == "constant"
+         else jnp.pad(a, widths, mode=mode))
+    count = window_count(a.shape[axes[0]], size, stride, dilation, (0, 0))
+
+    def window(j):
+        index = [slice(None)] * a.ndim
+        for ax in axes:
+            index[ax] = slice(j * dilation, j * dilation + (count - 1) * stride + 1, stride)
+        return a[tuple(index)]
+
+    return functools.reduce(op, map(window, range(size)))
+
+
+def check_spatial_input(input_shape, channels: int | None, ndim: int) -> None:
+    """Raise ShapeError unless ``input_shape`` is ``(N, channels, *S)`` with ``ndim`` spatial dims."""
+    ok = len(input_shape) == ndim + 2 and (channels is None or input_shape[1] == channels)
+    if not ok:
+        spatial = {1: "L", 2: "H, W", 3: "D, H, W"}.get(ndim, f"<{ndim} spatial dims>")
+        raise ShapeError(f"expects inputs of shape (N, {channels or 'C'}, {spatial}), "
+                         f"got {tuple(input_shape)}")
+
+
+def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_std: float,
+         b_std: float | None, stride: Sequence[int] | int = 1,
+         padding: str | int | Sequence[int] = 0, dilation: Sequence[int] | int = 1,
+         groups: int = 1, padding_mode: str = "zeros", parameterization: str = "standard",
+         distribution: str = "uniform") -> Layer:
+    """torch's ``nn.Conv{n}d`` with ``n = len(kernel_size)``, ``bias=b_std is not None``.
+
+    Shapes: ``x (N, in_channels, *S) -> (N, out_channels, *S_out)``. Params ``{"weight": (out,
+    in / groups, *kernel_size), "bias": (out,)}``, weight variance ``W_std**2 / fan_in`` with
+    ``fan_in = in / groups * prod(kernel_size)``, bias variance ``b_std**2``.
+
+    Example:
+        >>> conv = Conv(3, 16, (3, 3), padding="same", W_std=1.0, b_std=0.1)
+        >>> conv.init_fn(jax.random.key(0), (2, 3, 8, 8))[0]
+        (2, 16, 8, 8)
+    """
+    ndim = len(kernel_size)
+    kernel_size = as_tuple(kernel_size, ndim)
+    stride, dilation = as_tuple(stride, ndim), as_tuple(dilation, ndim)
+    if padding_mode not in PADDING_MODES:
+        raise InputError(f"padding_mode must be one of {tuple(PADDING_MODES)}, got {padding_mode!r}.")
+    if padding == "same" and any(s != 1 for s in stride):
+        raise InputError(f"padding='same' needs stride 1, got stride {stride}.")
+    pads, mode = conv_padding(padding, kernel_size, dilation), PADDING_MODES[padding_mode]
+    fan_in = in_channels // groups * math.prod(kernel_size)
+    has_bias = b_std is not None
+    b_var = b_std ** 2 if has_bias else 0.0
+
+    def out_spatial(spatial):
+        return tuple(window_count(*dims) for dims in zip(spatial, kernel_size, stride, dilation, pads))
+
+    def init_fn(key, input_shape):
+        check_spatial_input(input_shape, in_channels, ndim)
+        spatial = out_spatial(input_shape[2:])
+        if min(spatial) < 1:
+            raise ShapeError(f"input of spatial size {tuple(input_shape[2:])} is smaller than the "
+                             f"(dilated, padded) kernel {kernel_size}")
+        kw, kb = jax.random.split(key)
+        params = {"weight": _sample(kw, (out_channels, in_channels // groups, *kernel_size),
+                                    W_std / fan_in ** 0.5, distribution)}
+        if has_bias:
+            params["bias"] = _sample(kb, (out_channels,), b_std, distribution)
+        return (input_shape[0], out_channels, *spatial), params
+
+    def apply_fn(params, x):
+        conv_pads = pads
+        if mode != "constant":
+            x, conv_pads = jnp.pad(x, [(0, 0), (0, 0), *pads], mode=mode), ((0, 0),) * ndim
+        y = jax.lax.conv_general_dilated(
+            x, params["weight"], stride, conv_pads, rhs_dilation=dilation,
+            feature_group_count=groups, precision=jax.lax.Precision.HIGHEST)
+        return y + params["bias"].reshape(-1, *[1] * ndim) if has_bias else y
+
+    def patch_mean(a, n_batch, diagonal_spatial):
+        for axes, *dims in zip(spatial_axes(n_batch, ndim, diagonal_spatial), kernel_size, stride,
+                               dilation, pads):
+            a = window_reduce(a, axes, *dims, mode, jnp.add) / dims[0]
+        return a
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        k = map_arrays(k, lambda a, n: patch_mean(a, n, k.diagonal_spatial))
+        nngp = W_std ** 2 * k.nngp + b_var
+        return k.replace(
+            nngp=nngp, ntk=affine_ntk(k, nngp, fan_in, W_std, has_bias, parameterization),
+            cov1=W_std ** 2 * k.cov1 + b_var, cov2=W_std ** 2 * k.cov2 + b_var,
+            shape1=(k.shape1[0], out_channels, *out_spatial(k.shape1[2:])),
+            shape2=(k.shape2[0], out_channels, *out_spatial(k.shape2[2:])), is_gaussian=True)
+
+    return Layer(init_fn, apply_fn, kernel_fn)

@@ -1,0 +1,185 @@
+"""Pooling: torch's ``nn.AvgPool{n}d``, ``nn.AdaptiveAvgPool{n}d``, ``nn.MaxPool{n}d``,
+``nn.AdaptiveMaxPool{n}d``.
+
+Average pooling is linear and separable: along spatial dim ``d`` it is a matrix ``M_d`` (out, in),
+so its kernel rule is ``nngp_out[s, s'] = sum_{i, i'} M[s, i] M[s', i'] nngp_in[i, i']`` per dim.
+It mixes different positions, so it needs the full spatial covariance (``full_spatial=True``).
+Max pooling has no closed-form kernel: its ``kernel_fn`` raises UnsupportedLayerError.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import ShapeError, UnsupportedLayerError
+from .conv import as_tuple, check_spatial_input, window_reduce
+from .kernel import Kernel, map_arrays, spatial_axes
+from .layers import Layer
+
+Matrices = Callable[[tuple[int, ...]], list[np.ndarray]]
+
+
+def pool_count(length: int, size: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
+    """torch's pooling output length; in ceil mode the last window must start inside the input
+    or its left padding."""
+    span = length + 2 * pad - dilation * (size - 1) - 1
+    count = (-(-span // stride) if ceil_mode else span // stride) + 1
+    return count - 1 if ceil_mode and (count - 1) * stride >= length + pad else count
+
+
+def avg_matrix(length: int, size: int, stride: int, pad: int, ceil_mode: bool,
+               count_include_pad: bool, summed: bool = False) -> np.ndarray:
+    """``M (out, length)`` of torch's 1d average pooling (windows clipped as torch clips them);
+    ``summed``: window sums instead of means."""
+    m = np.zeros((pool_count(length, size, stride, pad, 1, ceil_mode), length))
+    for i in range(m.shape[0]):
+        start = i * stride - pad
+        end = min(start + size, length + pad)
+        lo, hi = max(start, 0), min(end, length)
+        m[i, lo:hi] = 1 if summed else 1 / (end - start if count_include_pad else hi - lo)
+    return m
+
+
+def adaptive_windows(length: int, count: int) -> list[tuple[int, int]]:
+    """torch's adaptive pooling windows ``[floor(i L / n), ceil((i + 1) L / n))``."""
+    return [(i * length // count, -(-(i + 1) * length // count)) for i in range(count)]
+
+
+def _adaptive_matrix(length: int, count: int) -> np.ndarray:
+    m = np.zeros((count, length))
+    for i, (lo, hi) in enumerate(adaptive_windows(length, count)):
+        m[i, lo:hi] = 1 / (hi - lo)
+    return m
+
+
+def _contract(a: jax.Array, m: np.ndarray, axis: int) -> jax.Array:
+    """``a`` with ``m (out, in)`` applied along ``axis``."""
+    out = jnp.tensordot(jnp.asarray(m, a.dtype), a, axes=(1, axis),
+                        precision=jax.lax.Precision.HIGHEST)
+    return jnp.moveaxis(out, 0, axis)
+
+
+def _same_channels(ndim: int, out: Callable) -> Callable:
+    """``init_fn`` of a parameter-free pooling with output spatial shape ``out(S)``."""
+    def init_fn(key, input_shape):
+        check_spatial_input(input_shape, None, ndim)
+        spatial = out(tuple(input_shape[2:]))
+        if min(spatial) < 1:
+            raise ShapeError(f"input of spatial size {tuple(input_shape[2:])} is smaller than the "
+                             f"pooling window")
+        return (*input_shape[:2], *spatial), {}
+
+    return init_fn
+
+
+def separable_linear(ndim: int, matrices: Matrices, name: str) -> Layer:
+    """A channelwise linear map applying ``matrices(S)[d]`` along spatial dim ``d`` of ``(N, C, *S)``.
+
+    ``name`` is the torch module's, for error messages.
+    """
+
+    def apply_fn(params, x):
+        for d, m in enumerate(matrices(x.shape[2:])):
+            x = _contract(x, m, 2 + d)
+        return x
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        if k.diagonal_spatial:
+            raise UnsupportedLayerError(f"{name} mixes positions: its kernel rule needs the full "
+                                        f"spatial covariance (diagonal_spatial=False)")
+        ms = matrices(k.shape1[2:])  # x1 and x2 have the same spatial shape
+
+        def fn(a, n_batch):
+            for m, axes in zip(ms, spatial_axes(n_batch, ndim, False)):
+                for axis in axes:
+                    a = _contract(a, m, axis)
+            return a
+
+        out = tuple(m.shape[0] for m in ms)
+        return map_arrays(k, fn).replace(shape1=(*k.shape1[:2], *out), shape2=(*k.shape2[:2], *out))
+
+    out_spatial = lambda spatial: tuple(m.shape[0] for m in matrices(spatial))
+    return Layer(_same_channels(ndim, out_spatial), apply_fn, kernel_fn, full_spatial=True)
+
+
+def AvgPool(kernel_size: Sequence[int], stride: Sequence[int] | int | None = None,
+            padding: Sequence[int] | int = 0, ceil_mode: bool = False,
+            count_include_pad: bool = True, divisor_override: int | None = None) -> Layer:
+    """torch's ``nn.AvgPool{n}d`` with ``n = len(kernel_size)`` (stride defaults to kernel_size).
+
+    Shapes: ``(N, C, *S) -> (N, C, *S_out)``.
+
+    Example:
+        >>> AvgPool((2, 2)).init_fn(jax.random.key(0), (5, 3, 8, 8))[0]
+        (5, 3, 4, 4)
+    """
+    ndim = len(kernel_size)
+    size = as_tuple(kernel_size, ndim)
+    stride, pad = as_tuple(size if stride is None else stride, ndim), as_tuple(padding, ndim)
+
+    def matrices(spatial):  # the divisor of a window is the product of its per-dim divisors
+        ms = [avg_matrix(*dims, ceil_mode, count_include_pad, summed=bool(divisor_override))
+              for dims in zip(spatial, size, stride, pad)]
+        return [ms[0] / divisor_override, *ms[1:]] if divisor_override else ms
+
+    return separable_linear(ndim, matrices, f"AvgPool{ndim}d")
+
+
+def AdaptiveAvgPool(output_size: Sequence[int | None]) -> Layer:
+    """torch's ``nn.AdaptiveAvgPool{n}d(output_size)``, ``n = len(output_size)`` (None keeps a dim).
+
+    ``AdaptiveAvgPool((1, 1))`` is global average pooling: ``(N, C, H, W) -> (N, C, 1, 1)``.
+    """
+    ndim = len(output_size)
+    matrices = lambda spatial: [_adaptive_matrix(length, count or length)
+                                for length, count in zip(spatial, output_size)]
+    return separable_linear(ndim, matrices, f"AdaptiveAvgPool{ndim}d")
+
+
+def _no_kernel(name: str) -> Callable[[Kernel], Kernel]:
+    def kernel_fn(k):
+        raise UnsupportedLayerError(
+            f"{name} has no closed-form infinite-width kernel (a maximum of Gaussians has none); "
+            f"use ntbridge.empirical_ntk for the finite model's kernel or ntbridge.monte_carlo to "
+            f"estimate the infinite-width one, or replace it by average pooling.")
+    return kernel_fn
+
+
+def MaxPool(kernel_size: Sequence[int], stride: Sequence[int] | int | None = None,
+            padding: Sequence[int] | int = 0, dilation: Sequence[int] | int = 1,
+            ceil_mode: bool = False) -> Layer:
+    """torch's ``nn.MaxPool{n}d``, ``n = len(kernel_size)``: forward only (no kernel rule)."""
+    ndim = len(kernel_size)
+    size = as_tuple(kernel_size, ndim)
+    stride = as_tuple(size if stride is None else stride, ndim)
+    pad, dilation = as_tuple(padding, ndim), as_tuple(dilation, ndim)
+    counts = lambda spatial: tuple(pool_count(*dims, ceil_mode)
+                                   for dims in zip(spatial, size, stride, pad, dilation))
+
+    def apply_fn(params, x):
+        for d, (length, count, k, s, p, dil) in enumerate(
+                zip(x.shape[2:], counts(x.shape[2:]), size, stride, pad, dilation)):
+            high = max((count - 1) * s + dil * (k - 1) + 1 - length - p, 0)  # ceil mode's extra
+            x = window_reduce(x, (2 + d,), k, s, dil, (p, high), "constant", jnp.maximum, -jnp.inf)
+        return x
+
+    return Layer(_same_channels(ndim, counts), apply_fn, _no_kernel(f"MaxPool{ndim}d"))
+
+
+def AdaptiveMaxPool(output_size: Sequence[int | None]) -> Layer:
+    """torch's ``nn.AdaptiveMaxPool{n}d(output_size)``: forward only (no kernel rule)."""
+    ndim = len(output_size)
+    counts = lambda spatial: tuple(c or n for n, c in zip(spatial, output_size))
+
+    def apply_fn(params, x):
+        for d, (length, count) in enumerate(zip(x.shape[2:], counts(x.shape[2:]))):
+            axis = 2 + d
+            x = jnp.stack([jax.lax.slice_in_dim(x, lo, hi, axis=axis).max(axis)
+                           for lo, hi in adaptive_windows(length, count)], axis)
+        return x
+
+    return Layer(_same_channels(ndim, counts), apply_fn, _no_kernel(f"AdaptiveMaxPool{ndim}d"))
