@@ -80,3 +80,17 @@ def assert_within_standard_error(samples: torch.Tensor, exact: torch.Tensor, lab
     z = (mean - exact) / se
     assert (se < power * exact.abs().max()).all(), f"{label}: too few samples to test anything"
     assert z.abs().max() < z_max, f"{label}: max |z| = {z.abs().max():.2f}\n{z}"
+
+
+def check_architecture(build, parameterization, samples=100, ntk_outputs=2):
+    """The analytic kernels of ``build() -> (model, input_shape)`` (float64, 3 inputs) agree with
+    the Monte-Carlo estimate within 5 standard errors."""
+    import ntbridge
+    model, shape = build()
+    model = model.double()
+    x = torch.randn(3, *shape, dtype=torch.float64)
+    nngp_samples, ntk_samples = sample_kernels(model, x, samples, parameterization, chunk=50,
+                                               ntk_outputs=ntk_outputs)
+    k = ntbridge.kernel(model, x, parameterization=parameterization)
+    assert_within_standard_error(nngp_samples, k.nngp, "NNGP")
+    assert_within_standard_error(ntk_samples, k.ntk, f"NTK ({parameterization})")

@@ -11,7 +11,7 @@ from ntbridge import errors
 from ntbridge.dlpack import precision, to_jax, to_torch
 from ntbridge.stax import input_kernel
 
-from montecarlo import assert_within_standard_error, sample_kernels
+from montecarlo import check_architecture
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
 # ReLU's NTK factor (pi - arccos c) / (2 pi) amplifies a rounding error e of c near 1 (an example
@@ -90,14 +90,7 @@ def cnn_3d_replicate():
 @pytest.mark.parametrize("parameterization", ["standard", "ntk"])
 @pytest.mark.parametrize("build", [cnn_2d_flatten, cnn_1d_reflect_groups, cnn_3d_replicate])
 def test_cnn_kernels_match_monte_carlo(build, parameterization):
-    model, shape = build()
-    model = model.double()
-    x = torch.randn(3, *shape, dtype=torch.float64)
-    nngp_samples, ntk_samples = sample_kernels(model, x, 100, parameterization, chunk=50,
-                                               ntk_outputs=2)
-    k = ntbridge.kernel(model, x, parameterization=parameterization)
-    assert_within_standard_error(nngp_samples, k.nngp, "NNGP")
-    assert_within_standard_error(ntk_samples, k.ntk, f"NTK ({parameterization})")
+    check_architecture(build, parameterization)
 
 
 # ---------------------------------------------------------------- invariants

@@ -247,14 +247,8 @@ def test_functional_calls_run_end_to_end(fn, module, shape):
     assert rel_error(apply(module, x), fn(x)) <= 1e-12
 
 
-@pytest.mark.parametrize("forward", [
-    lambda self, x: (lambda h: h + torch.relu(h))(self.fc(x)),   # both branches functions of h
-    lambda self, x: (lambda h: h + h)(self.fc(x)),
-    lambda self, x: (lambda h: h + 2 * h)(self.fc(x)),
-    lambda self, x: x + torch.relu(self.fc(x)),                  # the input is not zero-mean
-    lambda self, x: (lambda h: h + self.fc2(h).relu())(self.fc(x)),
-])
-def test_correlated_sums_refuse_the_analytic_kernel_only(forward):
+def two_linear(forward):
+    """A model with Linear(4, 4) layers ``fc`` and ``fc2`` and the given ``forward(self, x)``."""
     class M(nn.Module):
         def __init__(self):
             super().__init__()
@@ -263,7 +257,18 @@ def test_correlated_sums_refuse_the_analytic_kernel_only(forward):
         def forward(self, x):
             return forward(self, x)
 
-    model, x = M(), torch.randn(3, 4)
+    return M()
+
+
+@pytest.mark.parametrize("forward", [
+    lambda self, x: (lambda h: h + torch.relu(h))(self.fc(x)),   # both branches functions of h
+    lambda self, x: (lambda h: h + h)(self.fc(x)),
+    lambda self, x: (lambda h: h + 2 * h)(self.fc(x)),
+    lambda self, x: x + torch.relu(self.fc(x)),                  # the input is not zero-mean
+    lambda self, x: (lambda h: h + self.fc2(h).relu())(self.fc(x)),
+])
+def test_correlated_sums_refuse_the_analytic_kernel_only(forward):
+    model, x = two_linear(forward), torch.randn(3, 4)
     with pytest.raises(errors.UnsupportedLayerError, match=r"'add\w*' \(Add\).*correlated.*empirical_ntk"):
         ntbridge.ntk(model, x)
     assert rel_error(apply(model, x), model(x).detach()) <= 1e-5
@@ -277,15 +282,7 @@ def test_correlated_sums_refuse_the_analytic_kernel_only(forward):
     lambda self, x: (lambda h: self.fc2(h) + h)(self.fc(x)),
 ])
 def test_uncorrelated_sums_have_an_analytic_kernel(forward):
-    class M(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc, self.fc2 = nn.Linear(4, 4), nn.Linear(4, 4)
-
-        def forward(self, x):
-            return forward(self, x)
-
-    assert torch.isfinite(ntbridge.ntk(M(), torch.randn(3, 4))).all()
+    assert torch.isfinite(ntbridge.ntk(two_linear(forward), torch.randn(3, 4))).all()
 
 
 def test_untraceable_models_and_forms_fx_cannot_convert():

@@ -8,7 +8,7 @@ from torch import nn
 import ntbridge
 from ntbridge import errors
 
-from montecarlo import assert_within_standard_error, sample_kernels
+from montecarlo import check_architecture
 from test_conv import NTK_RTOL, assert_forward_matches
 
 POOLS = [
@@ -79,14 +79,7 @@ def cnn_1d_3d_pools():
 @pytest.mark.parametrize("parameterization", ["standard", "ntk"])
 @pytest.mark.parametrize("build", [cnn_avgpool, cnn_global_pool, cnn_1d_3d_pools])
 def test_pooling_kernels_match_monte_carlo(build, parameterization):
-    model, shape = build()
-    model = model.double()
-    x = torch.randn(3, *shape, dtype=torch.float64)
-    nngp_samples, ntk_samples = sample_kernels(model, x, 100, parameterization, chunk=50,
-                                               ntk_outputs=2)
-    k = ntbridge.kernel(model, x, parameterization=parameterization)
-    assert_within_standard_error(nngp_samples, k.nngp, "NNGP")
-    assert_within_standard_error(ntk_samples, k.ntk, f"NTK ({parameterization})")
+    check_architecture(build, parameterization)
 
 
 # ---------------------------------------------------------------- exact identities
