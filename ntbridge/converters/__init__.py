@@ -13,7 +13,7 @@ from torch import nn
 
 from ..dlpack import precision, to_jax
 from ..errors import InputError, InputTypeError, UnsupportedLayerError
-from . import activations, linear, structure  # noqa: F401  (they register their converters)
+from . import activations, linear, normalization, structure  # noqa: F401  (they register their converters)
 from .graph import Graph, Kernels, Node
 from .registry import Context, Options, StdOption, find_converter, register, supported_types
 
