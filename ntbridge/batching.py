@@ -1,10 +1,11 @@
 """Kernels evaluated tile by tile over (N1, N2), spread over devices and processes.
 
-A kernel function ``fn(a1, a2_or_None) -> array (n1, n2, ...)`` (analytic or empirical, batch
-independent) is evaluated on tiles of ``batch_size`` rows and columns. Any N1 and N2 work: the last
-tile is padded by repeating its last example, and the padding is cut from the result. With
-``x2=None`` only tiles on and above the diagonal are computed; diagonal tiles are exactly symmetric
-and the others are mirrored, so the whole is exactly symmetric.
+A kernel function ``fn(args, a1, a2_or_None) -> array (n1, n2, ...)`` (analytic or empirical,
+batch independent) is evaluated on tiles of ``batch_size`` rows and columns. Any N1 and N2 work: the
+last tile is padded by repeating its last example, and the padding is cut from the result. With
+``x2=None`` only tiles on and above the diagonal are computed; diagonal tiles are symmetrized
+outside the compiled kernel (where XLA cannot fuse the transpose into the kernel's producer and
+round the two halves differently) and the others are mirrored, so the whole is exactly symmetric.
 
 * Devices: each step evaluates ``device_count`` tiles at once, one per device, by ``jax.jit`` over
   a ``jax.sharding`` mesh (``vmap`` over stacked tiles).
@@ -417,6 +418,8 @@ def compute(fn: KernelFn, x1: jax.Array, x2: jax.Array | None, opts: Batching, *
                 rows, cols = tiling.rows(i), tiling.cols(j)
                 tile = [leaf[k, :rows.stop - rows.start, :cols.stop - cols.start]
                         for leaf in jax.tree.leaves(out)]
+                if diagonal:  # eagerly, op by op: a + swap(a) is then exactly symmetric
+                    tile = [(leaf + swap(leaf)) / 2 for leaf in tile]
                 store.put(tiling, i, j, tile, swap)
                 computed[i, j] = tile
             bar.update(len(group))

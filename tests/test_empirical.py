@@ -8,8 +8,6 @@ import torch
 from torch import nn
 
 import ntbridge
-from ntbridge import stax
-from ntbridge.converters.registry import CONVERTERS, find_converter
 from ntbridge.empirical import STRATEGIES, StrategyInfo, empirical_ntk_fn
 from ntbridge.errors import InputError, InputTypeError
 
@@ -115,19 +113,7 @@ def test_jax_level_bare_apply_fn():
         empirical_ntk_fn(apply_fn, "structured")(params, x1, x2)
 
 
-def _batch_norm_1d(module, ctx):
-    """BatchNorm1d with batch statistics (train mode), for tests until a converter exists."""
-
-    def apply_fn(params, x):
-        mean, var = x.mean(0), x.var(0)
-        return (x - mean) / jnp.sqrt(var + module.eps) * params["weight"] + params["bias"]
-
-    return stax.Layer(lambda key, shape: (tuple(shape), {}), apply_fn, lambda k: k)
-
-
-def test_batch_statistics_use_the_joint_batch(monkeypatch):
-    if find_converter(nn.BatchNorm1d(2)) is None:
-        monkeypatch.setitem(CONVERTERS, nn.BatchNorm1d, _batch_norm_1d)
+def test_batch_statistics_use_the_joint_batch():
     bn = nn.BatchNorm1d(8, track_running_stats=False)  # batch statistics in train and eval mode
     model = nn.Sequential(nn.Linear(4, 8), bn, nn.ReLU(), nn.Linear(8, 2)).double().eval()
     with torch.no_grad():

@@ -9,7 +9,6 @@ from torch import nn
 import ntbridge
 from ntbridge import errors, stax
 from ntbridge.converters import fx as ntfx
-from ntbridge.converters.registry import find_converter
 from ntbridge.dlpack import precision, to_jax, to_torch
 
 from montecarlo import assert_within_standard_error, sample_kernels
@@ -26,12 +25,6 @@ def apply(model, x):
     with precision(x.dtype):
         g = ntbridge.convert(model)
         return to_torch(g.apply_fn(g.params, to_jax(x)))
-
-
-def needs(*modules):
-    """Skip unless every module type has a converter on this branch."""
-    missing = [type(m).__name__ for m in modules if find_converter(m) is None]
-    return pytest.mark.skipif(bool(missing), reason=f"no converter for {missing}")
 
 
 class ResNet(nn.Module):
@@ -235,8 +228,6 @@ GUARDED = [
 
 @pytest.mark.parametrize("fn,module,shape", GUARDED)
 def test_functional_calls_run_end_to_end(fn, module, shape):
-    if find_converter(module) is None:
-        pytest.skip(f"no converter for {type(module).__name__} on this branch")
 
     class M(nn.Module):
         def forward(self, x):

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..dlpack import precision, to_jax
 from ..errors import InputError, InputTypeError
-from . import activations, conv, linear, pooling, structure  # noqa: F401  (they register their converters)
+from . import activations, conv, linear, normalization, pooling, structure  # noqa: F401  (they register their converters)
 from .fx import fx_nodes
 from .graph import Graph, Kernels, Node, make_node, module_tensors
 from .registry import Options, StdOption, find_converter, register

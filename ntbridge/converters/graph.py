@@ -116,8 +116,6 @@ def _analytic(network: Layer, x1, x2, get):
                              diagonal_spatial=not network.full_spatial)
     k = network.kernel_fn(k)
     out = {name: getattr(k, name) for name in names}
-    if k.x1_is_x2:
-        out = {name: symmetrize(v, k.diagonal_spatial) for name, v in out.items()}
     return out[get] if isinstance(get, str) else Kernels(**out)
 
 
@@ -186,7 +184,11 @@ class Graph:
         torch-initialised clearly are not.
         """
         self.check_init()
-        return self._compiled_kernel(x1, x2, get=get)
+        out = self._compiled_kernel(x1, x2, get=get)
+        if x2 is None:  # outside the compiled kernel, so that XLA cannot fuse it into its producer
+            diagonal = not self.network.full_spatial
+            out = jax.tree.map(lambda a: symmetrize(a, diagonal), out)
+        return out
 
     def check_init(self) -> None:
         """Warn once (:class:`~ntbridge.errors.InitMismatchWarning`) if weights the analytic kernel

@@ -22,3 +22,15 @@ def _unflatten(module: nn.Unflatten, ctx: Context) -> stax.Layer:
     if isinstance(module.dim, str):
         raise UnsupportedLayerError("named-tensor Unflatten is not supported; give dim as an int")
     return stax.Unflatten(module.dim, tuple(module.unflattened_size))
+
+
+@register(nn.Dropout)
+@register(nn.Dropout1d)
+@register(nn.Dropout2d)
+@register(nn.Dropout3d)
+def _dropout(module: nn.modules.dropout._DropoutNd, ctx: Context) -> stax.Layer:
+    """Eval mode: Identity. Training mode: Dropout's kernel rule (see ``stax.Dropout``)."""
+    if not module.training:
+        return stax.Identity()
+    return stax.Dropout(module.p, channelwise=not isinstance(module, nn.Dropout),
+                        name=type(module).__name__)

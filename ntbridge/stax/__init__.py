@@ -4,15 +4,19 @@ Layers use torch's layout (channels first) and torch's semantics; ``kernel_fn`` 
 :class:`Kernel` of a layer's inputs to that of its outputs (Neural Tangents' mathematics).
 """
 
-from .activations import ABRelu, Relu, ab_relu_rule, elementwise
+from .activations import (ABRelu, Abs, Cos, Erf, Gelu, LeakyRelu, Numerical, Relu, Sign, Sin,
+                          ab_relu_rule, elementwise)
 from .combinators import INPUT, FanInConcat, FanInSum, FanOut, Scale, dag, parallel, serial
-from .kernel import Kernel, input_kernel
 from .conv import Conv
+from .dropout import Dropout
+from .kernel import Kernel, input_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer
+from .normalization import BatchNorm, LayerNorm
 from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, MaxPool
 from .reshape import Flatten, Unflatten
 
-__all__ = ["ABRelu", "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "Conv", "Flatten", "MaxPool",
-           "Unflatten", "Dense", "FanInConcat", "FanInSum", "FanOut", "INPUT", "Identity", "Kernel",
-           "Layer", "Outer", "PARAMETERIZATIONS", "Relu", "Scale", "ab_relu_rule", "dag",
-           "elementwise", "input_kernel", "parallel", "serial"]
+__all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "BatchNorm", "Conv",
+           "Cos", "Dense", "Dropout", "Erf", "FanInConcat", "FanInSum", "FanOut", "Flatten", "Gelu",
+           "INPUT", "Identity", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "MaxPool", "Numerical",
+           "Outer", "PARAMETERIZATIONS", "Relu", "Scale", "Sign", "Sin", "Unflatten",
+           "ab_relu_rule", "dag", "elementwise", "input_kernel", "parallel", "serial"]

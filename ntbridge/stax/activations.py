@@ -2,7 +2,11 @@
 
 A rule is ``rule(c, q1, q2) -> (E[f(u) f(v)], E[f'(u) f'(v)])`` for ``(u, v)`` centred Gaussian
 with variances ``q1``, ``q2`` and covariance ``c``; :func:`elementwise` applies it to every entry of
-the kernel (batch pairs and spatial pairs alike). The NTK picks up the derivative factor.
+the kernel (batch pairs and spatial pairs alike). The NTK picks up the derivative factor ``f'`` as
+autodiff sees it (zero where ``f`` is piecewise constant, as for ``sign``).
+
+Closed forms here: ABReLU (ReLU, LeakyReLU, Abs), GELU (erf form), Erf, Sign, Sin/Cos. Any other
+function goes through :func:`Numerical` (quadrature, see ``quadrature.py``).
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import UnsupportedLayerError
 from .kernel import Kernel, variances
 from .layers import Layer
+from .quadrature import DEFAULT_DEGREE, gaussian_rule
 
 Rule = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
@@ -43,16 +49,61 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str) -> 
     return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: fn(x), kernel_fn)
 
 
-def _angle(c: jax.Array, q1: jax.Array, q2: jax.Array):
-    """``(sqrt(q1 q2), cos, sin, theta)`` of the angle between the two Gaussians, kept finite.
+def Numerical(fn: Callable[[jax.Array], jax.Array], name: str, degree: int = DEFAULT_DEGREE) -> Layer:
+    """Any elementwise ``fn`` (a JAX function), its kernel by quadrature (see ``quadrature.py``).
 
-    The cosine is clipped to [-1, 1] (rounding can push it past 1 at x1 == x2), and zero-variance
-    inputs are treated as the limit of vanishing inputs (cosine 0), never NaN.
+    Example:
+        >>> layer = Numerical(jnp.tanh, "Tanh")
     """
-    norm = jnp.sqrt(q1 * q2)
-    cos = jnp.clip(c / jnp.where(norm > 0, norm, 1), -1.0, 1.0)
-    sin = jnp.sqrt(jnp.maximum(1.0 - cos * cos, 0.0))
-    return norm, cos, sin, jnp.arccos(cos)
+    return elementwise(fn, gaussian_rule(fn, degree), name)
+
+
+def _fit(fn: Callable[[np.ndarray], np.ndarray]) -> tuple[float, ...]:
+    """Power coefficients in ``t = 2a - 1`` (highest first) of a degree-8 Chebyshev interpolant of
+    ``fn`` on ``a`` in [0, 1]."""
+    cheb = np.polynomial.chebyshev.chebinterpolate(lambda t: fn((t + 1) / 2), 8)
+    return tuple(float(v) for v in np.polynomial.chebyshev.cheb2poly(cheb)[::-1])
+
+
+# arccos(a) / sqrt(1 - a) and sqrt(1 + a) are analytic on [0, 1] (singular at a = -1 only): their
+# interpolants match them to 3e-9 and 5e-9 relative, below float32 rounding.
+_ACOS_OVER_ROOT = _fit(lambda a: np.arccos(a) / np.sqrt(1 - a))
+_SQRT_ONE_PLUS = _fit(lambda a: np.sqrt(1 + a))
+
+
+def _horner(coefficients: tuple[float, ...], t: jax.Array) -> jax.Array:
+    out = jnp.full_like(t, coefficients[0])
+    for coefficient in coefficients[1:]:
+        out = out * t + coefficient
+    return out
+
+
+def _angles(cos: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(sin t, pi - t)`` for ``t = arccos(cos)``, ``cos`` in [-1, 1].
+
+    float32 uses the interpolants above, with one square root per entry: libm's arccos costs far
+    more than the whole rest of a ReLU layer. ``pi - t`` is computed directly, so it stays
+    relatively accurate as t -> pi.
+    """
+    if cos.dtype != jnp.float32:
+        return jnp.sqrt(jnp.maximum(1.0 - cos * cos, 0.0)), jnp.arccos(-cos)
+    a = jnp.abs(cos)
+    root, t = jnp.sqrt(1.0 - a), 2.0 * a - 1.0
+    acos_a = root * _horner(_ACOS_OVER_ROOT, t)     # arccos(|cos|), in [0, pi/2]
+    return root * _horner(_SQRT_ONE_PLUS, t), jnp.where(cos >= 0, math.pi - acos_a, acos_a)
+
+
+def _cosine(c: jax.Array, q1: jax.Array, q2: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(sqrt(q1 q2), c / sqrt(q1 q2))``, with square roots taken per example, not per entry.
+
+    Where rounding makes ``c^2 >= q1 q2`` (an example with itself, whose cosine must be exactly 1,
+    as the angle is ill-conditioned there) the cosine is ``sign(c)``; a zero-variance side is the
+    limit of vanishing inputs (cosine 0), never NaN.
+    """
+    s1, s2 = jnp.sqrt(q1), jnp.sqrt(q2)
+    r1, r2 = (jnp.where(s > 0, 1 / jnp.where(s > 0, s, 1), 0) for s in (s1, s2))
+    cos = jnp.where(c * c >= q1 * q2, jnp.sign(c), jnp.clip(c * r1 * r2, -1.0, 1.0))
+    return s1 * s2, cos
 
 
 def ab_relu_rule(a: float, b: float) -> Rule:
@@ -64,11 +115,13 @@ def ab_relu_rule(a: float, b: float) -> Rule:
     """
 
     def rule(c, q1, q2):
-        norm, cos, sin, t = _angle(c, q1, q2)
-        same = sin + (math.pi - t) * cos           # (2 pi) E[relu(u) relu(v)] / norm
+        norm, cos = _cosine(c, q1, q2)
+        sin, rest = _angles(cos)                   # rest = pi - t
+        t = math.pi - rest
+        same = sin + rest * cos                    # (2 pi) E[relu(u) relu(v)] / norm
         mixed = sin - t * cos                      # (2 pi) E[relu(u) relu(-v)] / norm
         nngp = norm * ((a * a + b * b) * same - 2 * a * b * mixed) / (2 * math.pi)
-        dot = ((a * a + b * b) * (math.pi - t) + 2 * a * b * t) / (2 * math.pi)
+        dot = ((a * a + b * b) * rest + 2 * a * b * t) / (2 * math.pi)
         return nngp, dot
 
     return rule
@@ -83,3 +136,94 @@ def ABRelu(a: float, b: float, name: str = "ABRelu") -> Layer:
 def Relu() -> Layer:
     """torch's ``nn.ReLU``."""
     return elementwise(jax.nn.relu, ab_relu_rule(0.0, 1.0), "ReLU")
+
+
+def LeakyRelu(negative_slope: float = 0.01) -> Layer:
+    """torch's ``nn.LeakyReLU(negative_slope)``: ``x`` for ``x >= 0``, ``negative_slope * x`` below."""
+    return elementwise(lambda x: jnp.where(x >= 0, x, negative_slope * x),
+                       ab_relu_rule(negative_slope, 1.0), "LeakyReLU")
+
+
+def Abs() -> Layer:
+    """``torch.abs``."""
+    return elementwise(jnp.abs, ab_relu_rule(-1.0, 1.0), "Abs")
+
+
+def gelu_rule(c, q1, q2):
+    """Rule of ``x Phi(x)`` (exact GELU). With ``P = (1 + q1)(1 + q2)``, ``D = sqrt(P - c^2)`` and
+    ``s = arcsin(c / sqrt(P))`` (Tsuchida et al. 2020; Neural Tangents' Gelu):
+    ``E[f f] = c/4 + (c s + (c^2 + q1 q2 D^2) / (P D)) / (2 pi)``,
+    ``E[f' f'] = 1/4 + s / (2 pi) + c (1/D^2 + (1 - q1 q2) / P + 1) / (2 pi D)``.
+    """
+    p = (1 + q1) * (1 + q2)
+    d2 = p - c * c                                  # >= 1 + q1 + q2 > 0
+    d = jnp.sqrt(d2)
+    s = jnp.arctan2(c, d)
+    nngp = c / 4 + (c * s + (c * c + q1 * q2 * d2) / (p * d)) / (2 * math.pi)
+    dot = 0.25 + s / (2 * math.pi) + c * (1 / d2 + (1 - q1 * q2) / p + 1) / (2 * math.pi * d)
+    return nngp, dot
+
+
+def Gelu(approximate: str = "none") -> Layer:
+    """torch's ``nn.GELU(approximate)``: the erf form in closed form; ``"tanh"`` is a different
+    function, whose kernel is computed numerically."""
+    if approximate == "tanh":
+        return Numerical(lambda x: jax.nn.gelu(x, approximate=True), "GELU(tanh)")
+    return elementwise(lambda x: jax.nn.gelu(x, approximate=False), gelu_rule, "GELU")
+
+
+def erf_rule(a: float, b: float, c: float) -> Rule:
+    """Rule of ``a erf(b x) + c`` (Williams 1997): with ``d_i = 1 + 2 b^2 q_i``,
+    ``E[f f] = a^2 (2/pi) arcsin(2 b^2 cov / sqrt(d1 d2)) + c^2``,
+    ``E[f' f'] = a^2 b^2 (4/pi) / sqrt(d1 d2 - 4 b^4 cov^2)``."""
+
+    def rule(cov, q1, q2):
+        bb = b * b
+        d = (1 + 2 * bb * q1) * (1 + 2 * bb * q2)
+        ratio = jnp.clip(2 * bb * cov * jax.lax.rsqrt(d), -1.0, 1.0)
+        nngp = a * a * (2 / math.pi) * jnp.arcsin(ratio) + c * c
+        dot = a * a * bb * (4 / math.pi) * jax.lax.rsqrt(d - 4 * bb * bb * cov * cov)
+        return nngp, dot
+
+    return rule
+
+
+def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
+    """``a * erf(b * x) + c`` (``torch.special.erf`` with a=b=1, c=0)."""
+    return elementwise(lambda x: a * jax.scipy.special.erf(b * x) + c, erf_rule(a, b, c), "Erf")
+
+
+def sign_rule(c, q1, q2):
+    """Rule of ``sign``: ``E[sign u sign v] = 1 - 2 t / pi``; the derivative is 0 wherever it exists
+    (autodiff's, hence the empirical NTK's), so the NTK loses its earlier contributions."""
+    _, cos = _cosine(c, q1, q2)
+    rest = _angles(cos)[1]
+    nngp = jnp.where((q1 > 0) & (q2 > 0), 2 * rest / math.pi - 1, 0.0)
+    return nngp, jnp.zeros_like(nngp)
+
+
+def Sign() -> Layer:
+    """``torch.sign`` (no nn module): -1, 0 or 1."""
+    return elementwise(jnp.sign, sign_rule, "Sign")
+
+
+def sin_rule(a: float, b: float, c: float) -> Rule:
+    """Rule of ``a sin(b x + c)``, from ``E[cos(b(u -+ v))] = exp(-b^2 (q1 + q2 -+ 2 cov) / 2)``:
+    ``E[f f] = a^2 / 2 (e- - e+ cos 2c)``, ``E[f' f'] = a^2 b^2 / 2 (e- + e+ cos 2c)``."""
+
+    def rule(cov, q1, q2):
+        half = -0.5 * b * b * (q1 + q2)
+        minus, plus = jnp.exp(half + b * b * cov), jnp.exp(half - b * b * cov) * math.cos(2 * c)
+        return a * a / 2 * (minus - plus), a * a * b * b / 2 * (minus + plus)
+
+    return rule
+
+
+def Sin(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
+    """``a * sin(b * x + c)``; ``Cos`` is ``Sin`` with ``c + pi / 2``."""
+    return elementwise(lambda x: a * jnp.sin(b * x + c), sin_rule(a, b, c), "Sin")
+
+
+def Cos(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
+    """``a * cos(b * x + c)``."""
+    return elementwise(lambda x: a * jnp.cos(b * x + c), sin_rule(a, b, c + math.pi / 2), "Cos")

@@ -1,0 +1,41 @@
+"""Converters of normalization layers: ``nn.LayerNorm`` and ``nn.BatchNorm1d/2d/3d``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import stax
+from ..errors import UnsupportedLayerError
+from .registry import Context, register
+
+
+def _constant(t: torch.Tensor | None) -> float | None:
+    """The value of every entry of ``t`` (None if ``t`` is None, NaN if the entries differ)."""
+    if t is None:
+        return None
+    t = t.detach()
+    return t.flatten()[0].item() if bool((t == t.flatten()[0]).all()) else float("nan")
+
+
+@register(nn.LayerNorm)
+def _layer_norm(module: nn.LayerNorm, ctx: Context) -> stax.Layer:
+    weight, bias = _constant(module.weight), _constant(module.bias)
+    layer = stax.LayerNorm(tuple(module.normalized_shape), module.eps, weight, bias)
+    varies = [name for name, v in (("weight", weight), ("bias", bias)) if v is not None and v != v]
+    if not varies:
+        return layer
+
+    def kernel_fn(k):
+        raise UnsupportedLayerError(
+            f"LayerNorm's {' and '.join(varies)} vary across entries, so its output units are not "
+            f"identically distributed and the analytic kernel has no rule for them; use "
+            f"ntbridge.empirical_ntk for trained LayerNorm parameters.")
+
+    return layer._replace(kernel_fn=kernel_fn)
+
+
+@register(nn.modules.batchnorm._BatchNorm)
+def _batch_norm(module: nn.modules.batchnorm._BatchNorm, ctx: Context) -> stax.Layer:
+    batch_statistics = module.training or module.running_mean is None
+    return stax.BatchNorm(module.eps, batch_statistics)

@@ -1,0 +1,208 @@
+"""Activations: closed forms and quadrature against independent integrals, translations against
+torch, Monte-Carlo over random inits, and robustness (x1 == x2, zero inputs)."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+import torch
+from numpy.polynomial.hermite_e import hermegauss
+from torch import nn
+
+import ntbridge
+from ntbridge import errors
+from ntbridge.dlpack import to_jax
+from ntbridge.stax import ab_relu_rule
+from ntbridge.stax.activations import erf_rule, gelu_rule, sign_rule, sin_rule
+from ntbridge.stax.quadrature import gaussian_rule
+
+from montecarlo import assert_within_standard_error, sample_kernels
+
+CASES = [(1.3, 0.7, 0.4), (1.0, 2.0, -1.1), (0.5, 0.5, 0.499), (0.8, 0.8, 0.8), (2.0, 0.3, 0.0)]
+
+
+def gauss_hermite(f, q1, q2, c, degree=120):
+    """E[f(u) f(v)] by an independent numpy Gauss-Hermite rule in float64 (smooth f only)."""
+    z, w = hermegauss(degree)
+    w = w / w.sum()
+    u = math.sqrt(q1) * z[:, None]
+    r = c / math.sqrt(q1)
+    v = r * z[:, None] + math.sqrt(max(q2 - r * r, 0)) * z[None, :]
+    return np.einsum("i,j,i,ij->", w, w, f(u)[:, 0], f(v))
+
+
+def rule64(rule, c, q1, q2):
+    with jax.enable_x64(True):
+        return tuple(float(a) for a in rule(np.array(c), np.array(q1), np.array(q2)))
+
+
+def phi(x):
+    from scipy.special import erf
+    return 0.5 * (1 + erf(x / math.sqrt(2)))
+
+
+SMOOTH_CLOSED_FORMS = {
+    "gelu": (gelu_rule, lambda x: x * phi(x),
+             lambda x: phi(x) + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi)),
+    "erf": (erf_rule(1.5, 0.7, 0.3), lambda x: 1.5 * __import__("scipy.special").special.erf(0.7 * x) + 0.3,
+            lambda x: 1.5 * 0.7 * 2 / math.sqrt(math.pi) * np.exp(-0.49 * x * x)),
+    "sin": (sin_rule(1.2, 0.8, 0.3), lambda x: 1.2 * np.sin(0.8 * x + 0.3),
+            lambda x: 1.2 * 0.8 * np.cos(0.8 * x + 0.3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMOOTH_CLOSED_FORMS))
+def test_smooth_closed_forms_match_float64_quadrature(name):
+    rule, f, df = SMOOTH_CLOSED_FORMS[name]
+    for q1, q2, c in CASES:
+        nngp, dot = rule64(rule, c, q1, q2)
+        np.testing.assert_allclose(nngp, gauss_hermite(f, q1, q2, c), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(dot, gauss_hermite(df, q1, q2, c), rtol=1e-9, atol=1e-12)
+
+
+def test_leaky_relu_and_sign_match_independent_integrals():
+    """leaky(x) = 0.2 x + 0.8 relu(x): E[u relu(v)] = c / 2 (Stein), E[relu relu] by numpy's arccos
+    kernel; orthant probabilities p = P(u > 0, v > 0) from scipy's bivariate normal cdf."""
+    from scipy import stats
+    for q1, q2, c in CASES:
+        t = np.arccos(np.clip(c / math.sqrt(q1 * q2), -1, 1))
+        relu_relu = math.sqrt(q1 * q2) * (np.sin(t) + (np.pi - t) * np.cos(t)) / (2 * np.pi)
+        nngp, dot = rule64(ab_relu_rule(0.2, 1.0), c, q1, q2)
+        np.testing.assert_allclose(nngp, 0.04 * c + 0.32 * c / 2 + 0.64 * relu_relu, rtol=1e-12)
+        p = stats.multivariate_normal([0, 0], [[q1, c + 1e-300], [c, q2]], allow_singular=True).cdf([0, 0])
+        np.testing.assert_allclose(dot, 1.04 * p + 0.4 * (0.5 - p), rtol=1e-5)
+        sign, sign_dot = rule64(sign_rule, c, q1, q2)
+        np.testing.assert_allclose(sign, 4 * p - 1, rtol=1e-5, atol=1e-6)
+        assert sign_dot == 0
+
+
+def test_relu_float32_angles_and_rule_within_1e5_of_float64():
+    """float32's polynomial angles match float64 arccos on the same cosines to 1e-6 relative (sin t
+    and pi - t both, down to cos = +-1); the rule itself to 1e-5 where the angle is well-conditioned
+    (near cos = +-1 any float32 evaluation inherits the rounding of c / sqrt(q1 q2))."""
+    from ntbridge.stax.activations import _angles
+    cos = np.concatenate([np.linspace(-1, 1, 20001), 1 - np.logspace(-7, 0, 300),
+                          -1 + np.logspace(-7, 0, 300)]).astype(np.float32)
+    sin32, rest32 = _angles(jax.numpy.asarray(cos))
+    cos64 = cos.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(sin32), np.sqrt(1 - cos64 ** 2), rtol=1e-6, atol=0)
+    np.testing.assert_allclose(np.asarray(rest32), np.arccos(-cos64), rtol=1e-6, atol=0)
+
+    c = cos[np.abs(cos) < 0.99] * np.float32(1.7)  # d(pi - t)/d cos = 1 / sin t: conditioned
+    nngp32, dot32 = ab_relu_rule(0.0, 1.0)(c, np.float32(1.7), np.float32(1.7))
+    with jax.enable_x64(True):
+        nngp64, dot64 = ab_relu_rule(0.0, 1.0)(c.astype(np.float64), np.float64(np.float32(1.7)),
+                                               np.float64(np.float32(1.7)))
+    assert nngp32.dtype == np.float32
+    np.testing.assert_allclose(np.asarray(nngp32), np.asarray(nngp64), rtol=1e-5, atol=1e-5 * 1.7)
+    np.testing.assert_allclose(np.asarray(dot32), np.asarray(dot64), rtol=1e-5, atol=0)
+
+
+def test_fc_relu_network_float32_within_1e5_of_float64():
+    model = nn.Sequential(nn.Linear(30, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))
+    x = torch.randn(64, 30)
+    k32, k64 = ntbridge.kernel(model, x), ntbridge.kernel(model, x.double())
+    for a, b in zip(k32, k64):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=0)
+
+
+# ---------------------------------------------------------------- quadrature
+
+QUADRATURE = {
+    "tanh": (np.tanh, lambda x: 1 - np.tanh(x) ** 2, jax.numpy.tanh),
+    "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), lambda x: np.exp(-x) / (1 + np.exp(-x)) ** 2,
+                jax.nn.sigmoid),
+    "softplus": (lambda x: np.log1p(np.exp(x)), lambda x: 1 / (1 + np.exp(-x)), jax.nn.softplus),
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUADRATURE))
+def test_quadrature_rule_matches_high_degree_gauss_hermite(name):
+    f, df, jf = QUADRATURE[name]
+    rule = gaussian_rule(jf)
+    for q1, q2, c in CASES + [(3.0, 2.0, 2.4), (4.0, 4.0, -4.0)]:
+        nngp, dot = rule64(rule, c, q1, q2)
+        for got, g in ((nngp, f), (dot, df)):
+            scale = math.sqrt(gauss_hermite(lambda x: g(x) ** 2, q1, q1, q1, 150)
+                              * gauss_hermite(lambda x: g(x) ** 2, q2, q2, q2, 150))
+            assert abs(got - gauss_hermite(g, q1, q2, c, 150)) <= 1e-4 * scale, (name, q1, q2, c)
+
+
+# ---------------------------------------------------------------- translations
+
+MODULES = [nn.ReLU(), nn.LeakyReLU(0.2), nn.RReLU().eval(), nn.GELU(), nn.GELU("tanh"), nn.Tanh(),
+           nn.Sigmoid(), nn.SiLU(), nn.ELU(0.7), nn.CELU(1.3), nn.SELU(), nn.Softplus(2.0, 5.0),
+           nn.Mish(), nn.Hardtanh(-0.5, 2.0), nn.ReLU6(), nn.Hardswish(), nn.Hardsigmoid(),
+           nn.LogSigmoid(), nn.Softsign(), nn.Tanhshrink(), nn.Softshrink(0.3), nn.Hardshrink(0.4),
+           nn.Threshold(0.1, -2.0), nn.Softmax(-1), nn.LogSoftmax(1)]
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: repr(m))
+@pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_apply_fn_equals_module(module, dtype, rtol):
+    x = (torch.linspace(-8, 8, 401, dtype=dtype) + 0.013).reshape(1, -1).repeat(3, 1) * torch.tensor(
+        [[1.0], [0.3], [1.7]], dtype=dtype)
+    graph = ntbridge.convert(module)
+    with ntbridge.dlpack.precision(dtype):
+        got = torch.from_dlpack(graph.apply_fn(graph.params, to_jax(x)))
+    torch.testing.assert_close(got, module(x), rtol=rtol, atol=rtol * module(x).abs().max().item())
+
+
+# ---------------------------------------------------------------- Monte-Carlo
+
+FAMILIES = [nn.LeakyReLU(0.2), nn.GELU(), nn.Tanh(), nn.ELU(), nn.Softplus()]
+
+
+@pytest.mark.parametrize("act", FAMILIES, ids=lambda m: type(m).__name__)
+def test_one_hidden_layer_matches_monte_carlo(act):
+    # One hidden layer: the expected empirical kernels equal the analytic ones at any width.
+    x = torch.randn(4, 3, dtype=torch.float64)
+    model = nn.Sequential(nn.Linear(3, 64), act, nn.Linear(64, 64)).double()
+    for parameterization in ("standard", "ntk"):
+        nngp, ntk = sample_kernels(model, x, 200, parameterization, chunk=50)
+        k = ntbridge.kernel(model, x, parameterization=parameterization)
+        assert_within_standard_error(nngp, k.nngp, "NNGP")
+        assert_within_standard_error(ntk, k.ntk, f"NTK ({parameterization})")
+
+
+def test_two_hidden_layers_tanh_gelu_match_monte_carlo():
+    # Two layers: the bias is O(1/width), about 2e-3 relative here, below one standard error.
+    x = torch.randn(4, 3, dtype=torch.float64)
+    model = nn.Sequential(nn.Linear(3, 512), nn.Tanh(), nn.Linear(512, 512), nn.GELU(),
+                          nn.Linear(512, 64)).double()
+    nngp, ntk = sample_kernels(model, x, 100, chunk=20)
+    k = ntbridge.kernel(model, x)
+    assert_within_standard_error(nngp, k.nngp, "NNGP")
+    assert_within_standard_error(ntk, k.ntk, "NTK")
+
+
+# ---------------------------------------------------------------- robustness and errors
+
+@pytest.mark.parametrize("act", [nn.ReLU(), nn.LeakyReLU(0.1), nn.GELU(), nn.Tanh(), nn.Hardtanh()],
+                         ids=lambda m: type(m).__name__)
+def test_finite_symmetric_psd_at_duplicates_and_zero_inputs(act):
+    model = nn.Sequential(nn.Linear(5, 32, bias=False), act, nn.Linear(32, 32, bias=False), act,
+                          nn.Linear(32, 1, bias=False))
+    x = torch.randn(6, 5)
+    x[1], x[2], x[3] = x[0], 0.0, -x[0]
+    for k in ntbridge.kernel(model, x):
+        assert torch.isfinite(k).all()
+        assert torch.equal(k, k.T)
+        assert torch.linalg.eigvalsh(k.double()).min() >= -1e-5 * k.abs().max()
+    k2 = ntbridge.kernel(model, x[:3], x[2:])
+    assert all(torch.isfinite(v).all() for v in k2)
+
+
+def test_softmax_has_forward_but_no_kernel():
+    model = nn.Sequential(nn.Linear(3, 8), nn.Softmax(-1))
+    with pytest.raises(errors.UnsupportedLayerError, match=r"module 1 '1' \(Softmax\).*empirical_ntk"):
+        ntbridge.ntk(model, torch.randn(2, 3))
+    with pytest.raises(errors.UnsupportedLayerError, match="dim=-1"):
+        ntbridge.convert(nn.Softmax())
+
+
+def test_rrelu_in_training_mode_is_refused():
+    with pytest.raises(errors.UnsupportedLayerError, match=r"model.eval\(\)"):
+        ntbridge.convert(nn.RReLU())
