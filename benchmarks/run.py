@@ -65,12 +65,12 @@ def fc_model() -> nn.Sequential:
     return nn.Sequential(*layers, nn.Linear(512, 10))
 
 
-def tiling_overhead(n: int) -> None:
-    """Tiled (4 x 4 tiles, one device) vs untiled analytic FC kernel, through ntbridge.kernel."""
-    x, model = torch.randn(n, 784), fc_model()
+def tiling_overhead(name: str, model: nn.Module, x: torch.Tensor) -> None:
+    """Tiled (4 x 4 tiles, one device) vs untiled analytic kernel, through ntbridge.kernel."""
+    n = x.shape[0]
     untiled = best_time(lambda: ntbridge.kernel(model, x, batch_size=0, device_count=1), 3)
     tiled = best_time(lambda: ntbridge.kernel(model, x, batch_size=n // 4, device_count=1), 3)
-    row(f"FC kernel tiled {n // 4} / untiled, 1 device (N={n})", tiled / untiled,
+    row(f"{name} kernel tiled {n // 4} / untiled, 1 device (N={n})", tiled / untiled,
         f"tiled {tiled * 1e3:.1f} ms, untiled {untiled * 1e3:.1f} ms (target <= 1.10)")
 
 
@@ -210,7 +210,8 @@ def main() -> None:
     print(f"{'benchmark':<52} {'ratio':>9}   detail")
     fc_vs_gram(n)
     dlpack_handoff(n)
-    tiling_overhead(n)
+    tiling_overhead("FC", fc_model(), torch.randn(n, 784))
+    tiling_overhead("CNN Flatten 8x8", _cnn("Flatten", 8), torch.randn(n // 8, 3, 8, 8))
     device_scaling(n)
     cnn_kernels(64 if args.quick else 256, 8 if args.quick else 32)
     repeats = 2 if args.quick else 5

@@ -206,3 +206,23 @@ def test_softmax_has_forward_but_no_kernel():
 def test_rrelu_in_training_mode_is_refused():
     with pytest.raises(errors.UnsupportedLayerError, match=r"model.eval\(\)"):
         ntbridge.convert(nn.RReLU())
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_rectified_monomials_match_independent_integrals(k):
+    """E[relu(u)^k relu(v)^k] and E[f'(u) f'(v)] by adaptive 2D integration in float64."""
+    from scipy import integrate, stats
+    q1, q2, c = 1.3, 0.7, 0.4
+    density = stats.multivariate_normal([0, 0], [[q1, c], [c, q2]]).pdf
+    layer = ntbridge.stax.RectifiedMonomial(k)
+    with jax.enable_x64(True):
+        kern = ntbridge.stax.input_kernel(np.zeros((1, 1)), None, compute_ntk=True,
+                                          diagonal_spatial=True)
+        kern = kern.replace(nngp=np.array([[c]]), ntk=np.array([[1.0]]), cov1=np.array([q1]),
+                            cov2=np.array([q2]), x1_is_x2=False, is_gaussian=True)
+        out = layer.kernel_fn(kern)
+    for value, g in ((out.nngp, lambda u, v: (u * v) ** k),
+                     (out.ntk, lambda u, v: k * k * (u * v) ** (k - 1))):
+        expected, _ = integrate.dblquad(lambda v, u: g(u, v) * density([u, v]), 0, 12, 0, 12,
+                                        epsabs=1e-12, epsrel=1e-10)
+        np.testing.assert_allclose(float(value[0, 0]), expected, rtol=1e-7)

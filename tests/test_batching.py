@@ -155,3 +155,16 @@ def test_a_dead_process_makes_the_other_fail_clearly(tmp_path):
     err = results[0][1]
     assert ("ProcessError" in err and "did not deliver its tiles" in err) or "another task died" in err
     assert time.time() - start < 60
+
+
+def test_memory_planner_refuses_a_tile_that_cannot_fit(tmp_path):
+    """Global average pooling keeps every pair of positions: on 256 x 256 images one pair of
+    examples needs (256^2)^2 floats per array, beyond any CPU's free memory: refused from XLA's
+    memory analysis, before allocating, even with the result going to disk."""
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(4, 1))
+    x = torch.randn(2, 1, 256, 256)
+    start = time.perf_counter()
+    with pytest.raises(errors.MemoryBudgetError, match="one tile of 1 x 1 examples needs"):
+        ntbridge.ntk(model, x, out=str(tmp_path / "k.npy"))
+    assert time.perf_counter() - start < 60

@@ -4,8 +4,8 @@ Layers use torch's layout (channels first) and torch's semantics; ``kernel_fn`` 
 :class:`Kernel` of a layer's inputs to that of its outputs (Neural Tangents' mathematics).
 """
 
-from .activations import (ABRelu, Abs, Cos, Erf, Gelu, LeakyRelu, Numerical, Relu, Sign, Sin,
-                          ab_relu_rule, elementwise)
+from .activations import (ABRelu, Abs, Cos, Erf, Gelu, LeakyRelu, Numerical, RectifiedMonomial,
+                          Relu, Sign, Sin, ab_relu_rule, elementwise)
 from .combinators import INPUT, FanInConcat, FanInSum, FanOut, Scale, dag, parallel, serial
 from .conv import Conv
 from .dropout import Dropout
@@ -18,5 +18,5 @@ from .reshape import Flatten, Unflatten
 __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "BatchNorm", "Conv",
            "Cos", "Dense", "Dropout", "Erf", "FanInConcat", "FanInSum", "FanOut", "Flatten", "Gelu",
            "INPUT", "Identity", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "MaxPool", "Numerical",
-           "Outer", "PARAMETERIZATIONS", "Relu", "Scale", "Sign", "Sin", "Unflatten",
+           "Outer", "PARAMETERIZATIONS", "RectifiedMonomial", "Relu", "Scale", "Sign", "Sin", "Unflatten",
            "ab_relu_rule", "dag", "elementwise", "input_kernel", "parallel", "serial"]

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import UnsupportedLayerError
+from ..errors import InputError, UnsupportedLayerError
 from .kernel import Kernel, variances
 from .layers import Layer
 from .quadrature import DEFAULT_DEGREE, gaussian_rule
@@ -125,6 +125,35 @@ def ab_relu_rule(a: float, b: float) -> Rule:
         return nngp, dot
 
     return rule
+
+
+def _arc_cosine(n: int, cos, sin, rest):
+    """Cho & Saul's ``J_n(t)`` (``rest = pi - t``): ``E[relu(u)^n relu(v)^n] = (q1 q2)^(n/2)
+    J_n(t) / (2 pi)``."""
+    return (rest, sin + rest * cos, 3 * sin * cos + rest * (1 + 2 * cos * cos),
+            4 * sin ** 3 + 15 * sin * cos * cos + rest * (9 * sin * sin * cos + 15 * cos ** 3))[n]
+
+
+def RectifiedMonomial(k: int) -> Layer:
+    """``f(x) = max(x, 0)^k`` for ``k`` in 1..3 (``k = 1`` is ReLU), by the arc-cosine kernels.
+
+    The derivative ``k max(x, 0)^(k-1)`` gives ``E[f'(u) f'(v)] = k^2 (q1 q2)^((k-1)/2) J_(k-1)(t)
+    / (2 pi)``. Stax-only: torch has no module for it.
+
+    Example:
+        >>> layer = RectifiedMonomial(2)   # relu(x) ** 2
+    """
+    if k not in (1, 2, 3):
+        raise InputError(f"RectifiedMonomial supports k = 1, 2, 3, got {k!r}.")
+
+    def rule(c, q1, q2):
+        norm, cos = _cosine(c, q1, q2)
+        sin, rest = _angles(cos)
+        nngp = norm ** k * _arc_cosine(k, cos, sin, rest) / (2 * math.pi)
+        dot = k * k * norm ** (k - 1) * _arc_cosine(k - 1, cos, sin, rest) / (2 * math.pi)
+        return nngp, dot
+
+    return elementwise(lambda x: jnp.maximum(x, 0) ** k, rule, f"RectifiedMonomial({k})")
 
 
 def ABRelu(a: float, b: float, name: str = "ABRelu") -> Layer:
