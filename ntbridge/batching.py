@@ -152,9 +152,13 @@ _RUNNERS: dict[tuple, _Runner] = {}
 _EXECUTABLES: dict[tuple, Any] = {}
 
 
-def _executable(fn: KernelFn, devices: list, symmetric_tile: bool, args, a1: jax.ShapeDtypeStruct,
-                a2: jax.ShapeDtypeStruct):
-    """``(runner, compiled stacked-tile function, bytes per tile)``, cached."""
+def _executable(fn: KernelFn, args, x1: jax.Array, tiling: "_Tiling", opts: "Batching"):
+    """``(runner, compiled stacked-tile function, bytes per tile)`` for the tiles of ``tiling``,
+    cached. A kernel that is one tile with x2 = x1 is computed as ``fn(args, x1, None)``; tiles of
+    a larger kernel use the general ``fn(args, a1, a2)`` (diagonal tiles too, symmetrized after)."""
+    devices = tiling.devices(opts)
+    symmetric_tile = tiling.symmetric and len(tiling.tiles) == 1
+    a1, a2 = (jax.ShapeDtypeStruct((b, *x1.shape[1:]), x1.dtype) for b in (tiling.b1, tiling.b2))
     arg_shapes = tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(args))
     key = (fn, tuple(devices), symmetric_tile, a1.shape, a2.shape, str(a1.dtype),
            jax.tree.structure(args), arg_shapes)
@@ -187,6 +191,10 @@ class _Tiling:
         self.tiles = [(i, j) for i in range(rows) for j in range(cols)
                       if not self.symmetric or j >= i]
 
+    def devices(self, opts: "Batching") -> list:
+        """The devices the tiles are spread over: no more than there are tiles."""
+        return opts.devices[:max(1, min(len(opts.devices), len(self.tiles)))]
+
     def rows(self, i: int) -> slice:
         return slice(i * self.b1, min((i + 1) * self.b1, self.n1))
 
@@ -215,11 +223,8 @@ def _plan(fn: KernelFn, args, x1, x2, opts: Batching, leaf_bytes: int) -> _Tilin
             candidates.append(math.ceil(candidates[-1] / 2))
     for b in candidates:
         tiling = _Tiling(n1, n2, b, symmetric)
-        tile = lambda b: jax.ShapeDtypeStruct((b, *x1.shape[1:]), x1.dtype)
-        square = symmetric and tiling.b1 == n1
-        per_tile = _executable(fn, opts.devices[:1], square, args, tile(tiling.b1),
-                               tile(tiling.b2))[2]
-        if per_tile * min(len(opts.devices), len(tiling.tiles)) <= budget:
+        per_tile = _executable(fn, args, x1, tiling, opts)[2]
+        if per_tile * len(tiling.devices(opts)) <= budget:
             return tiling
     raise MemoryBudgetError(
         f"one tile of {candidates[-1]} x {candidates[-1]} examples needs {per_tile / 2**30:.2f} GiB "
@@ -403,26 +408,21 @@ def compute(fn: KernelFn, x1: jax.Array, x2: jax.Array | None, opts: Batching, *
     from tqdm.auto import tqdm
     bar = tqdm(total=len(mine), desc="ntbridge tiles", unit="tile", disable=not show)
     xb = x1 if x2 is None else x2
-    devices = opts.devices[:max(1, min(len(opts.devices), len(mine)))]
+    runner, compiled, _ = _executable(fn, args, x1, tiling, opts)
     computed = {}
-    for diagonal in (True, False):
-        todo = [(i, j) for i, j in mine if (tiling.symmetric and i == j) == diagonal]
-        for start in range(0, len(todo), len(devices)):
-            group = todo[start:start + len(devices)]
-            structs = [jax.ShapeDtypeStruct((b, *x1.shape[1:]), x1.dtype)
-                       for b in (tiling.b1, tiling.b2)]
-            runner, compiled, _ = _executable(fn, devices, diagonal, args, *structs)
-            out = compiled(args, runner.stack([_pad(x1, i * tiling.b1, tiling.b1) for i, _ in group]),
-                           runner.stack([_pad(xb, j * tiling.b2, tiling.b2) for _, j in group]))
-            for k, (i, j) in enumerate(group):
-                rows, cols = tiling.rows(i), tiling.cols(j)
-                tile = [leaf[k, :rows.stop - rows.start, :cols.stop - cols.start]
-                        for leaf in jax.tree.leaves(out)]
-                if diagonal:  # eagerly, op by op: a + swap(a) is then exactly symmetric
-                    tile = [(leaf + swap(leaf)) / 2 for leaf in tile]
-                store.put(tiling, i, j, tile, swap)
-                computed[i, j] = tile
-            bar.update(len(group))
+    for start in range(0, len(mine), runner.count):
+        group = mine[start:start + runner.count]
+        out = compiled(args, runner.stack([_pad(x1, i * tiling.b1, tiling.b1) for i, _ in group]),
+                       runner.stack([_pad(xb, j * tiling.b2, tiling.b2) for _, j in group]))
+        for k, (i, j) in enumerate(group):
+            rows, cols = tiling.rows(i), tiling.cols(j)
+            tile = [leaf[k, :rows.stop - rows.start, :cols.stop - cols.start]
+                    for leaf in jax.tree.leaves(out)]
+            if tiling.symmetric and i == j:  # eagerly, op by op: a + swap(a) is exactly symmetric
+                tile = [(leaf + swap(leaf)) / 2 for leaf in tile]
+            store.put(tiling, i, j, tile, swap)
+            computed[i, j] = tile
+        bar.update(len(group))
     bar.close()
     if count > 1 and isinstance(store, _MemoryStore):
         _exchange(tiling, store, computed, swap)
