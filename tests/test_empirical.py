@@ -122,7 +122,7 @@ def test_cnn_structured_matches_torch_func_by_layer():
     """2D, float64: stride, padding, dilation, groups, circular padding; every layer's share."""
     model = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.ReLU(),
                           nn.Conv2d(4, 6, (3, 2), dilation=(2, 1), groups=2, padding=2,
-                                    padding_mode="circular"), nn.Tanh(),
+                                    padding_mode="circular"), nn.ReLU(),
                           nn.Flatten(), nn.Linear(6 * 5 * 7, 3)).double()
     x1, x2 = torch.randn(3, 3, 9, 8, dtype=torch.float64), torch.randn(2, 3, 9, 8, dtype=torch.float64)
     assert_by_layer(model, x1, x2, "structured", torch.float64)
