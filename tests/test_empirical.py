@@ -83,6 +83,64 @@ def test_cnn_matches_torch_func():
                          full) <= 1e-5
 
 
+CONVS = {  # stax.Conv arguments: 1D and 2D, stride, padding (zeros, "same", circular, reflect),
+    # dilation, groups (grouped and depthwise), with and without bias
+    "2d stride pad": dict(in_channels=3, out_channels=4, kernel_size=(3, 3), stride=2, padding=1),
+    "2d dilated grouped circular": dict(in_channels=4, out_channels=6, kernel_size=(3, 2),
+                                        dilation=(2, 1), groups=2, padding=2,
+                                        padding_mode="circular"),
+    "1d same reflect": dict(in_channels=2, out_channels=4, kernel_size=(3,), padding="same",
+                            padding_mode="reflect"),
+    "1d depthwise strided": dict(in_channels=4, out_channels=4, kernel_size=(2,), stride=2,
+                                 groups=4, b_std=None),
+}
+
+
+@pytest.mark.parametrize("name", CONVS)
+def test_conv_structure_is_the_weight_gradient(name):
+    """sum_p outer(rows(g)[p], patches[p]) is the gradient of <g, conv(x)> (float64, exact)."""
+    kwargs = {"W_std": 1.0, "b_std": 0.5, **CONVS[name]}
+    conv = stax.Conv(**kwargs)
+    with jax.enable_x64(True):
+        shape = (2, kwargs["in_channels"], *(9, 8)[:len(kwargs["kernel_size"])])
+        y_shape, params = conv.init_fn(jax.random.key(0), shape)
+        params = jax.tree.map(lambda a: a.astype(jnp.float64), params)
+        x = jax.random.normal(jax.random.key(1), shape, jnp.float64)
+        g = jax.random.normal(jax.random.key(2), y_shape, jnp.float64)
+        grads = jax.grad(lambda p: jnp.vdot(g, conv.apply_fn(p, x)))(params)
+        rules = conv.structure(params, x)
+        assert set(rules) == set(params)
+        weight = jnp.einsum("npc,npk->ck", rules["weight"].rows(g), rules["weight"].patches)
+        assert jnp.allclose(weight, grads["weight"].reshape(weight.shape), rtol=1e-12, atol=1e-12)
+        if "bias" in params:
+            assert jnp.allclose(rules["bias"].rows(g).sum((0, 1)), grads["bias"], rtol=1e-12)
+
+
+def test_cnn_structured_matches_torch_func_by_layer():
+    """2D, float64: stride, padding, dilation, groups, circular padding; every layer's share."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.ReLU(),
+                          nn.Conv2d(4, 6, (3, 2), dilation=(2, 1), groups=2, padding=2,
+                                    padding_mode="circular"), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(6 * 5 * 7, 3)).double()
+    x1, x2 = torch.randn(3, 3, 9, 8, dtype=torch.float64), torch.randn(2, 3, 9, 8, dtype=torch.float64)
+    assert_by_layer(model, x1, x2, "structured", torch.float64)
+    got = ntbridge.empirical_ntk(model, x1, x2, implementation="structured")
+    want = torch.diagonal(full_ntk(model, x1, x2), dim1=2, dim2=3).mean(-1)
+    assert rel_error(got, want) <= TOL[torch.float64]
+
+
+def test_cnn_1d_structured_matches_torch_func():
+    """1D, float32: 'same' reflect padding, a strided depthwise conv without bias."""
+    model = nn.Sequential(nn.Conv1d(2, 4, 3, padding="same", padding_mode="reflect"), nn.ReLU(),
+                          nn.Conv1d(4, 4, 2, stride=2, groups=4, bias=False), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(4 * 4, 2))
+    x1, x2 = torch.randn(4, 2, 9), torch.randn(3, 2, 9)
+    assert_by_layer(model, x1, x2, "structured", torch.float32)
+    got = ntbridge.empirical_ntk(model, x1, implementation="structured")
+    want = torch.diagonal(full_ntk(model, x1, x1), dim1=2, dim2=3).mean(-1)
+    assert rel_error(got, want) <= TOL[torch.float32]
+
+
 def test_auto_reports_its_choice_and_caches_it():
     model = deep_mlp(torch.float32)
     x1, x2 = torch.randn(7, 6), torch.randn(4, 6)

@@ -12,6 +12,7 @@ over its own i.i.d. channels.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Callable, Sequence
 
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 
 from ..errors import InputError, ShapeError
 from .kernel import Kernel, map_arrays, spatial_axes
-from .layers import Layer, _sample, affine_ntk
+from .layers import Layer, Outer, _sample, affine_ntk
 
 # torch padding_mode -> jnp.pad mode
 PADDING_MODES = {"zeros": "constant", "circular": "wrap", "reflect": "reflect", "replicate": "edge"}
@@ -72,6 +73,22 @@ def window_reduce(a: jax.Array, axes: tuple[int, ...], size: int, stride: int, d
         return a[tuple(index)]
 
     return functools.reduce(op, map(window, range(size)))
+
+
+def window_patches(x: jax.Array, size: tuple[int, ...], stride: tuple[int, ...],
+                   dilation: tuple[int, ...]) -> jax.Array:
+    """``(N, C, *S) -> (N, C, prod(size), *S_out)``: the (dilated) windows of ``x`` taken every
+    ``stride``, offsets in row-major order; strided slices, no arithmetic.
+
+    Example:
+        >>> window_patches(jnp.ones((2, 3, 8, 8)), (3, 3), (1, 1), (1, 1)).shape
+        (2, 3, 9, 6, 6)
+    """
+    spatial = [window_count(*dims, (0, 0)) for dims in zip(x.shape[2:], size, stride, dilation)]
+    windows = [jax.lax.slice(x, (0, 0, *starts), (*x.shape[:2], *(
+        s + (n - 1) * st + 1 for s, n, st in zip(starts, spatial, stride))), (1, 1, *stride))
+        for starts in itertools.product(*(range(0, d * k, d) for k, d in zip(size, dilation)))]
+    return jnp.stack(windows, axis=2)
 
 
 def check_spatial_input(input_shape, channels: int | None, ndim: int) -> None:
@@ -127,10 +144,14 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
             params["bias"] = _sample(kb, (out_channels,), b_std, distribution)
         return (input_shape[0], out_channels, *spatial), params
 
+    def padded(x):
+        """``x`` with non-zero padding applied, and the zero padding left to the convolution."""
+        if mode == "constant":
+            return x, pads
+        return jnp.pad(x, [(0, 0), (0, 0), *pads], mode=mode), ((0, 0),) * ndim
+
     def apply_fn(params, x):
-        conv_pads = pads
-        if mode != "constant":
-            x, conv_pads = jnp.pad(x, [(0, 0), (0, 0), *pads], mode=mode), ((0, 0),) * ndim
+        x, conv_pads = padded(x)
         y = jax.lax.conv_general_dilated(
             x, params["weight"], stride, conv_pads, rhs_dilation=dilation,
             feature_group_count=groups, precision=jax.lax.Precision.HIGHEST)
@@ -151,4 +172,24 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
             shape1=(k.shape1[0], out_channels, *out_spatial(k.shape1[2:])),
             shape2=(k.shape2[0], out_channels, *out_spatial(k.shape2[2:])), is_gaussian=True)
 
-    return Layer(init_fn, apply_fn, kernel_fn)
+    def structure(params, x):
+        # weight[o, c, j] sees patch (c, j) at every output position p; with groups, output channel
+        # o sees its own group's channels: positions are repeated per group and the rows of other
+        # groups' channels are zero, so only same-group pairs meet.
+        x, conv_pads = padded(x)
+        patches = window_patches(jnp.pad(x, [(0, 0), (0, 0), *conv_pads]), kernel_size, stride,
+                                 dilation)
+        n, positions = x.shape[0], math.prod(patches.shape[3:])
+        patches = patches.reshape(n, groups, -1, positions).transpose(0, 1, 3, 2)
+        rows = lambda g: g.reshape(g.shape[0], out_channels, -1).transpose(0, 2, 1)  # (M, P, C_out)
+        mask = jnp.repeat(jnp.eye(groups, dtype=x.dtype), out_channels // groups, axis=1)
+
+        def group_rows(g):  # (M, G * P, C_out)
+            g = rows(g)
+            return g if groups == 1 else (mask[None, :, None] * g[:, None]).reshape(
+                g.shape[0], -1, out_channels)
+
+        outer = {"weight": Outer(patches.reshape(n, groups * positions, -1), group_rows)}
+        return {**outer, "bias": Outer(None, rows)} if has_bias else outer
+
+    return Layer(init_fn, apply_fn, kernel_fn, structure=structure)
