@@ -109,17 +109,23 @@ def _pad(x: jax.Array, start: int, size: int) -> jax.Array:
 
 
 class _Runner:
-    """``fn`` jitted for stacks of tiles, one tile per device (``vmap`` over a sharded axis); its
-    ``args`` (e.g. parameters) are replicated on every device."""
+    """``fn`` jitted for stacks of tiles, one tile per device: ``shard_map`` over the stacked axis
+    runs ``fn`` on each device's own tile (no ``vmap``, so any layer's batching rule is avoided);
+    its ``args`` (e.g. parameters) are replicated on every device."""
 
     def __init__(self, fn: KernelFn, devices: list, symmetric_tile: bool):
         mesh = Mesh(np.array(devices), ("tiles",))
-        self.sharding = NamedSharding(mesh, PartitionSpec("tiles"))
-        self.replicated = NamedSharding(mesh, PartitionSpec())
+        tiles, whole = PartitionSpec("tiles"), PartitionSpec()
+        self.sharding, self.replicated = NamedSharding(mesh, tiles), NamedSharding(mesh, whole)
         self.count = len(devices)
-        one = (lambda args, a1, a2: fn(args, a1, None)) if symmetric_tile else fn
-        self.jitted = jax.jit(jax.vmap(one, in_axes=(None, 0, 0)),
-                              in_shardings=(self.replicated, self.sharding, self.sharding),
+
+        def local(args, a1, a2):  # this device's tile: a1 (1, b1, ...), a2 (1, b2, ...)
+            out = fn(args, a1[0], None if symmetric_tile else a2[0])
+            return jax.tree.map(lambda leaf: leaf[None], out)
+
+        mapped = jax.shard_map(local, mesh=mesh, in_specs=(whole, tiles, tiles), out_specs=tiles,
+                               check_vma=False)
+        self.jitted = jax.jit(mapped, in_shardings=(self.replicated, self.sharding, self.sharding),
                               out_shardings=self.sharding)
 
     def compile(self, args, a1: jax.ShapeDtypeStruct, a2: jax.ShapeDtypeStruct):
@@ -409,6 +415,7 @@ def compute(fn: KernelFn, x1: jax.Array, x2: jax.Array | None, opts: Batching, *
     bar = tqdm(total=len(mine), desc="ntbridge tiles", unit="tile", disable=not show)
     xb = x1 if x2 is None else x2
     runner, compiled, _ = _executable(fn, args, x1, tiling, opts)
+    args = jax.device_put(args, runner.replicated)
     computed = {}
     for start in range(0, len(mine), runner.count):
         group = mine[start:start + runner.count]

@@ -456,14 +456,14 @@ class _Dispatch:
         if wanted[0] not in valid:
             raise InputError(f"implementation={self.implementation!r} does not apply here: "
                              f"{why_not}; use one of {valid} or 'auto'.")
-        executables = {s: self.program(s, axes, by_layer).lower((params, state), x1, x2).compile()
-                       for s in wanted}
-        costs = {s: _cost(e) for s, e in executables.items()}
-        fits = [s for s in wanted if not costs[s]["temp_bytes"] > _memory_limit()] or wanted
-        best = min(fits, key=lambda s: costs[s]["estimated_s"])
-        if self.implementation != "auto":
-            reason = "requested"
+        if self.implementation != "auto":  # nothing to compare: no candidate compiled here
+            best, costs, reason = self.implementation, {}, "requested"
         else:
+            executables = {s: self.program(s, axes, by_layer).lower((params, state), x1, x2)
+                           .compile() for s in wanted}
+            costs = {s: _cost(e) for s, e in executables.items()}
+            fits = [s for s in wanted if not costs[s]["temp_bytes"] > _memory_limit()] or wanted
+            best = min(fits, key=lambda s: costs[s]["estimated_s"])
             ranked = ", ".join(f"{s} {costs[s]['estimated_s'] * 1e3:.3g} ms"
                                for s in sorted(wanted, key=lambda s: costs[s]["estimated_s"]))
             reason = (f"lowest estimated time on {jax.default_backend()} from XLA's cost analysis "

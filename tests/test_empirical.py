@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import ntbridge
+from ntbridge import stax
 from ntbridge.empirical import STRATEGIES, StrategyInfo, empirical_ntk_fn
 from ntbridge.errors import InputError, InputTypeError
 
@@ -212,3 +213,15 @@ def test_bad_input():
         ntbridge.empirical_ntk(model, torch.randn(3, 5))
     with pytest.raises(InputTypeError, match="model.to"):
         ntbridge.empirical_ntk(model, x.double())
+
+
+@pytest.mark.parametrize("implementation", ["jacobian", "ntvp", "structured", "auto"])
+def test_grouped_cnn_every_strategy_tiled_over_devices(implementation):
+    model = nn.Sequential(nn.Conv1d(4, 8, 3, groups=2, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 5, 3)).double()
+    x1, x2 = torch.randn(5, 4, 5, dtype=torch.float64), torch.randn(3, 4, 5, dtype=torch.float64)
+    expected = full_ntk(model, x1, x2)
+    for options in ({}, {"batch_size": 2, "device_count": 2}):
+        got = ntbridge.empirical_ntk(model, x1, x2, implementation=implementation, trace_axes=(),
+                                     **options)
+        assert rel_error(got, expected) <= 1e-10

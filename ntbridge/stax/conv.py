@@ -152,9 +152,11 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
 
     def apply_fn(params, x):
         x, conv_pads = padded(x)
-        y = jax.lax.conv_general_dilated(
-            x, params["weight"], stride, conv_pads, rhs_dilation=dilation,
-            feature_group_count=groups, precision=jax.lax.Precision.HIGHEST)
+        conv = lambda x, w: jax.lax.conv_general_dilated(
+            x, w, stride, conv_pads, rhs_dilation=dilation, precision=jax.lax.Precision.HIGHEST)
+        # Groups as separate convolutions: JAX cannot vmap the Jacobian of a grouped convolution.
+        y = jnp.concatenate([conv(xg, wg) for xg, wg in zip(
+            jnp.split(x, groups, axis=1), jnp.split(params["weight"], groups, axis=0))], axis=1)
         return y + params["bias"].reshape(-1, *[1] * ndim) if has_bias else y
 
     def patch_mean(a, n_batch, diagonal_spatial):
