@@ -46,7 +46,7 @@ from torch import nn
 from .api import _check_inputs, _inputs, empirical_ntk, kernel
 from .converters import Graph, convert
 from .converters.graph import compiled
-from .dlpack import precision, to_jax, to_torch
+from .dlpack import precision, to_torch
 from .errors import InputError, InputTypeError
 from .stax import input_kernel
 from .stax.kernel import symmetrize

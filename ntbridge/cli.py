@@ -182,7 +182,8 @@ def demo(args) -> int:
     print("\nFreshly initialised torch models vs their infinite-width kernels "
           "(standard parameterization):\n")
     print(sweep)
-    print(f"\nThe errors fall towards width**-0.5 (finite-width fluctuations).")
+    print("\nThe errors fall towards width**-0.5 (finite-width fluctuations); deeper networks reach "
+          "that regime at larger widths.")
     if plot:
         print(f"Plot written to {plot}")
     print(f"Total {time.perf_counter() - start:.1f} s.")
