@@ -1,18 +1,43 @@
-"""The ``ntbridge`` command.
+"""The ``ntbridge`` command: kernels of torch models from the shell, and kernel checks for CI.
 
-``ntbridge demo``: on a fixed synthetic data set, the analytic NNGP and NTK of a small MLP, and how
-far the empirical NTK of freshly initialised torch models of growing width is from its
-infinite-width limit.
+Subcommands (``ntbridge SUBCOMMAND --help`` for each):
+
+* ``demo``: the kernels of a small MLP and a width sweep (table and plot).
+* ``kernel MODEL --x1 a.npy [--x2 b.npy] [--get ntk|nngp|empirical] --out k.npy``.
+* ``sweep MODEL_FACTORY --widths 64,256,1024 --x1 a.npy [--plot sweep.png] [--seeds N]``.
+* ``compare expected.npy actual.npy [--rtol R --atol A]``: exit status 0 when close, 1 when not,
+  2 on bad input.
+
+``MODEL`` is ``package.module:callable`` (importable from the current directory too) returning an
+``nn.Module``; for ``sweep`` a factory taking the width. Weights (``--weights file.pt``) and inputs
+(``.npy`` or ``.pt``) are read without unpickling arbitrary objects (``numpy.load(allow_pickle=False)``,
+``torch.load(weights_only=True)``). ``--json`` prints one JSON object on stdout for machines; bad
+input exits with status 2 and a message on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
+import os
+import pickle
 import sys
 import time
+from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
+
+from .errors import NtbridgeError
+
+BAD_INPUT = 2
+
+
+class BadInput(Exception):
+    """An argument of the command is unusable; the message says why and what to do."""
 
 
 def _mlp(width: int, d_in: int = 16) -> nn.Sequential:
@@ -25,53 +50,282 @@ def _matrix(name: str, k: torch.Tensor) -> str:
     return f"{name} {tuple(k.shape)}:\n{rows}"
 
 
-def demo(widths: list[int], seeds: int, n: int) -> None:
+def _print_json(data: dict) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _progress() -> bool:
+    return sys.stderr.isatty()
+
+
+# ---- loading models, weights and tensors without unpickling arbitrary objects ----
+
+def _load_callable(spec: str) -> Callable:
+    module_name, sep, attr = spec.partition(":")
+    if not (sep and module_name and attr):
+        raise BadInput(f"MODEL must be 'package.module:callable', got {spec!r}.")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as e:
+        raise BadInput(f"cannot import module {module_name!r} of MODEL {spec!r}: {e}.") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise BadInput(f"module {module_name!r} has no attribute {attr!r} (MODEL {spec!r}).")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise BadInput(f"MODEL {spec!r} is not callable.")
+    return obj
+
+
+def _module(obj, spec: str) -> nn.Module:
+    if not isinstance(obj, nn.Module):
+        raise BadInput(f"MODEL {spec!r} returned {type(obj).__name__}, not a torch.nn.Module.")
+    return obj
+
+
+def _torch_load(path: str, what: str):
+    """``torch.load(weights_only=True)``: tensors and plain containers only, never other objects."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise BadInput(f"refused {what} {path!r}: it contains pickled Python objects other than "
+                       f"tensors, and this command never unpickles arbitrary objects. Save plain "
+                       f"tensors instead, e.g. torch.save(model.state_dict(), path).") from None
+    except (OSError, RuntimeError, EOFError) as e:
+        raise BadInput(f"cannot read {what} {path!r}: {e}") from None
+
+
+def _load_weights(model: nn.Module, path: str) -> None:
+    state = _torch_load(path, "weights file")
+    if not (isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values())):
+        raise BadInput(f"weights file {path!r} must hold a state dict (torch.save(model.state_dict(), "
+                       f"path)), got {type(state).__name__}.")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise BadInput(f"weights file {path!r} does not fit the model: {e}") from None
+
+
+def _load_array(path: str, name: str) -> np.ndarray:
+    """A numeric array from ``.npy`` (no pickles) or ``.pt`` (a tensor, ``weights_only``)."""
+    suffix = Path(path).suffix
+    if suffix == ".npy":
+        try:
+            a = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise BadInput(f"cannot read {name} {path!r} as a .npy array without pickles: {e}") from None
+    elif suffix == ".pt":
+        a = _torch_load(path, name)
+        if not isinstance(a, torch.Tensor):
+            raise BadInput(f"{name} {path!r} must hold one tensor, got {type(a).__name__}.")
+        a = a.detach().cpu().numpy()
+    else:
+        raise BadInput(f"{name} {path!r}: inputs are .npy or .pt files.")
+    if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)
+            or a.dtype == np.bool_):
+        raise BadInput(f"{name} {path!r} is not numeric (dtype {a.dtype}).")
+    return a
+
+
+def _load_input(path: str | None, name: str) -> torch.Tensor | None:
+    return None if path is None else torch.from_numpy(_load_array(path, name))
+
+
+def _save(k: torch.Tensor, path: str) -> None:
+    if Path(path).suffix == ".pt":
+        torch.save(k.detach().cpu().clone(), path)
+    elif Path(path).suffix == ".npy":
+        np.save(path, k.detach().cpu().numpy())
+    else:
+        raise BadInput(f"--out {path!r}: write a .npy or .pt file.")
+
+
+def _widths(text: str) -> list[int]:
+    try:
+        widths = [int(w) for w in text.split(",")]
+    except ValueError:
+        raise BadInput(f"--widths must be comma-separated ints, got {text!r}.") from None
+    if min(widths) < 1:
+        raise BadInput(f"--widths must be positive, got {text!r}.")
+    return widths
+
+
+# ---- subcommands ----
+
+def _write_plot(sweep, path: str) -> str | None:
+    try:
+        return sweep.plot(path)
+    except ImportError as e:
+        print(f"(no plot: {e})", file=sys.stderr)
+        return None
+
+
+def demo(args) -> int:
     import ntbridge
 
-    x = torch.randn(n, 16, generator=torch.Generator().manual_seed(0))
-    print(f"ntbridge demo: MLP 16 -> [width, ReLU] x 2 -> 1 on {n} fixed Gaussian inputs.\n")
+    widths = _widths(args.widths)
+    x = torch.randn(args.n, 16, generator=torch.Generator().manual_seed(0))
     start = time.perf_counter()
     k = ntbridge.kernel(_mlp(widths[0]), x, parameterization="ntk")
-    print(f"(analytic kernels, first call incl. compilation: {time.perf_counter() - start:.2f} s)")
+    sweep = ntbridge.analysis.width_sweep(_mlp, widths, x, n_seeds=args.seeds,
+                                          implementation="structured", progress=_progress())
+    plot = _write_plot(sweep, args.plot)
+    if args.json:
+        _print_json({"nngp": k.nngp.tolist(), "ntk_parameterization_ntk": k.ntk.tolist(),
+                     "sweep": sweep.to_dict(), "plot": plot})
+        return 0
+    print(f"ntbridge demo: MLP 16 -> [width, ReLU] x 2 -> 1 on {args.n} fixed Gaussian inputs.\n")
     print(_matrix("Analytic NNGP", k.nngp))
     print(_matrix("Analytic NTK, NTK parameterization (width-independent)", k.ntk))
-    print("\nEmpirical NTK of torch's default init vs the analytic NTK at the same widths "
-          "(standard parameterization)")
-    print(f"relative Frobenius error, mean ± std over {seeds} seeds:\n")
-    print(f"{'width':>7} | {'rel. error':>18} | {'analytic s':>10} | {'empirical s':>11}")
-    print(f"{'':>7} | {'':>18} | {'(compiled)':>10} | {'(per seed)':>11}")
-    print(f"{'-' * 7}-+-{'-' * 18}-+-{'-' * 10}-+-{'-' * 11}")
-    for width in widths:
-        errors, t_emp = [], 0.0
-        for seed in range(seeds):
-            torch.manual_seed(seed)
-            model = _mlp(width)
-            t0 = time.perf_counter()
-            emp = ntbridge.empirical_ntk(model, x)
-            t_emp += time.perf_counter() - t0
-            if seed == 0:
-                ntbridge.ntk(model, x)  # compile for this width
-                t0 = time.perf_counter()
-                exact = ntbridge.ntk(model, x)
-                t_ana = time.perf_counter() - t0
-            errors.append((torch.linalg.norm(emp - exact) / torch.linalg.norm(exact)).item())
-        e = torch.tensor(errors)
-        print(f"{width:>7} | {e.mean():8.4f} ± {e.std():7.4f} | {t_ana:10.3f} | {t_emp / seeds:11.3f}")
-    print(f"\nThe error falls about as width**-0.5 (finite-width fluctuations). "
-          f"Total {time.perf_counter() - start:.1f} s.")
+    print("\nFreshly initialised torch models vs their infinite-width kernels "
+          "(standard parameterization):\n")
+    print(sweep)
+    print("\nThe errors fall towards width**-0.5 (finite-width fluctuations); deeper networks reach "
+          "that regime at larger widths.")
+    if plot:
+        print(f"Plot written to {plot}")
+    print(f"Total {time.perf_counter() - start:.1f} s.")
+    return 0
+
+
+def kernel(args) -> int:
+    import ntbridge
+
+    model = _module(_load_callable(args.model)(), args.model)
+    if args.weights:
+        _load_weights(model, args.weights)
+    x1, x2 = _load_input(args.x1, "--x1"), _load_input(args.x2, "--x2")
+    if x1.is_floating_point():
+        model = model.to(x1.dtype)
+    start = time.perf_counter()
+    if args.get == "empirical":
+        k = ntbridge.empirical_ntk(model, x1, x2)
+    else:
+        k = ntbridge.kernel(model, x1, x2, args.get, parameterization=args.parameterization)
+    seconds = time.perf_counter() - start
+    _save(k, args.out)
+    info = {"get": args.get, "shape": list(k.shape), "dtype": str(k.dtype).removeprefix("torch."),
+            "out": args.out, "seconds": seconds}
+    if args.json:
+        _print_json(info)
+    else:
+        print(f"{args.get} kernel {tuple(k.shape)} {info['dtype']} written to {args.out} "
+              f"({seconds:.2f} s)")
+    return 0
+
+
+def sweep(args) -> int:
+    import ntbridge
+
+    factory = _load_callable(args.model_factory)
+    build = lambda width: _module(factory(width), args.model_factory)
+    x1, x2 = _load_input(args.x1, "--x1"), _load_input(args.x2, "--x2")
+    result = ntbridge.analysis.width_sweep(build, _widths(args.widths), x1, x2, n_seeds=args.seeds,
+                                           parameterization=args.parameterization,
+                                           implementation=args.implementation,
+                                           progress=_progress())
+    if args.plot:
+        result.plot(args.plot)
+    if args.csv:
+        result.to_csv(args.csv)
+    if args.json:
+        _print_json({**result.to_dict(), "plot": args.plot, "csv": args.csv})
+        return 0
+    print(result)
+    for what, path in (("Plot", args.plot), ("CSV", args.csv)):
+        if path:
+            print(f"{what} written to {path}")
+    return 0
+
+
+def compare(args) -> int:
+    from .testing import compare_kernels
+
+    expected, actual = _load_array(args.expected, "expected"), _load_array(args.actual, "actual")
+    if expected.shape != actual.shape:
+        raise BadInput(f"expected has shape {expected.shape} but actual has shape {actual.shape}.")
+    result = compare_kernels(actual.astype(np.float64), expected.astype(np.float64),
+                             rtol=args.rtol, atol=args.atol)
+    if args.json:
+        _print_json({"close": result.close, "shape": list(result.shape),
+                     "max_abs_error": result.max_abs_error, "max_rel_error": result.max_rel_error,
+                     "rel_frobenius_error": result.rel_frobenius_error,
+                     "worst_index": list(result.worst_index), "rtol": args.rtol, "atol": args.atol})
+    else:
+        print(result.report())
+    return 0 if result.close else 1
+
+
+# ---- the parser ----
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ntbridge", description=__doc__.splitlines()[0],
+                                     epilog="Run 'ntbridge SUBCOMMAND --help' for each subcommand.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON object (for machines)")
+
+    p = sub.add_parser("demo", parents=[common], help="kernels of a small MLP and a width sweep",
+                       description="The analytic kernels of a small MLP, and how far freshly "
+                       "initialised torch MLPs of growing width are from them (table and plot).")
+    p.add_argument("--widths", default="64,256,1024,4096", help="comma-separated widths")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per width (default 3)")
+    p.add_argument("--n", type=int, default=6, help="number of inputs (default 6)")
+    p.add_argument("--plot", default="ntbridge-demo-sweep.png", metavar="PATH",
+                   help="where to write the sweep's plot (default ./ntbridge-demo-sweep.png)")
+    p.set_defaults(run=demo)
+
+    p = sub.add_parser("kernel", parents=[common], help="a model's kernel on inputs, to a file",
+                       description="Compute a model's analytic NTK/NNGP or its empirical NTK.")
+    p.add_argument("model", metavar="MODEL", help="package.module:callable returning an nn.Module")
+    p.add_argument("--x1", required=True, help="inputs (N1, ...) as .npy or .pt")
+    p.add_argument("--x2", help="inputs (N2, ...) as .npy or .pt (default: x1)")
+    p.add_argument("--get", choices=("ntk", "nngp", "empirical"), default="ntk",
+                   help="analytic ntk (default), analytic nngp, or the empirical NTK of the weights")
+    p.add_argument("--out", required=True, help="output file, .npy or .pt")
+    p.add_argument("--weights", help="a state dict saved with torch.save (loaded weights_only)")
+    p.add_argument("--parameterization", choices=("standard", "ntk"), default="standard",
+                   help="of the analytic kernels (default standard)")
+    p.set_defaults(run=kernel)
+
+    p = sub.add_parser("sweep", parents=[common], help="finite vs infinite width over widths",
+                       description="Relative error of freshly initialised models' kernels vs "
+                       "their infinite-width limits, over widths and seeds (ntbridge.analysis).")
+    p.add_argument("model_factory", metavar="MODEL_FACTORY",
+                   help="package.module:callable taking the width, returning an nn.Module")
+    p.add_argument("--widths", required=True, help="comma-separated widths, e.g. 64,256,1024")
+    p.add_argument("--x1", required=True, help="inputs (N1, ...) as .npy or .pt")
+    p.add_argument("--x2", help="inputs (N2, ...) as .npy or .pt (default: x1)")
+    p.add_argument("--seeds", type=int, default=3, help="models per width (default 3)")
+    p.add_argument("--plot", metavar="PATH", help="write a log-log plot (PNG; needs matplotlib)")
+    p.add_argument("--csv", metavar="PATH", help="write the results as CSV")
+    p.add_argument("--parameterization", choices=("standard", "ntk"), default="standard")
+    p.add_argument("--implementation", default="auto",
+                   choices=("auto", "jacobian", "ntvp", "structured"),
+                   help="of the empirical NTK (default auto)")
+    p.set_defaults(run=sweep)
+
+    p = sub.add_parser("compare", parents=[common], help="are two kernels close? (exit 0/1/2)",
+                       description="Compare two kernels entry by entry: exit 0 when "
+                       "|actual - expected| <= atol + rtol |expected| everywhere, 1 when not, "
+                       "2 on bad input (missing file, shape mismatch, non-numeric data).")
+    p.add_argument("expected", help=".npy or .pt")
+    p.add_argument("actual", help=".npy or .pt")
+    p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
+    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
+    p.set_defaults(run=compare)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ntbridge", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="kernels of a small MLP and the width convergence table")
-    p.add_argument("--widths", default="64,256,1024,4096", help="comma-separated widths")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per width")
-    p.add_argument("--n", type=int, default=6, help="number of inputs")
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        demo([int(w) for w in args.widths.split(",")], args.seeds, args.n)
-    return 0
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (BadInput, NtbridgeError, ImportError, ValueError) as e:
+        print(f"ntbridge {args.command}: error: {e}", file=sys.stderr)
+        return BAD_INPUT
 
 
 if __name__ == "__main__":

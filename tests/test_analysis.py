@@ -1,0 +1,128 @@
+import csv
+import io
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import ntbridge
+from ntbridge.analysis import analytic_ntk_by_layer, width_sweep
+from ntbridge.errors import InputError
+
+D_IN = 64
+X = torch.randn(8, D_IN, generator=torch.Generator().manual_seed(1))
+
+
+def one_hidden(width):
+    return nn.Sequential(nn.Linear(D_IN, width), nn.ReLU(), nn.Linear(width, 1))
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    return width_sweep(one_hidden, [64, 256, 1024, 4096], X, n_seeds=4, implementation="structured")
+
+
+def test_slope_is_about_minus_one_half(sweep):
+    # With one hidden layer, the empirical NTK and the readout-conditional NNGP are means of
+    # `width` i.i.d. terms, so their RMS error is exactly proportional to width**-0.5. The band
+    # -0.5 ± 0.2 is at least 4 standard errors of the fitted slope (se from the seeds, checked
+    # below) plus room for the small flattening from torch's uniform first layer (non-Gaussian
+    # pre-activations at d_in = 64 bias the limit by O(1/d_in)).
+    for quantity in ("ntk", "nngp"):
+        fit = sweep.fit(quantity)
+        assert fit.standard_error < 0.05, fit
+        assert -0.7 < fit.slope < -0.3, (quantity, fit)
+    assert sweep.slope == sweep.fit("ntk").slope
+
+
+def test_per_layer_quantities_and_shapes(sweep):
+    assert sweep.layer_reference == "analytic"
+    assert list(sweep.errors) == ["ntk", "nngp", "ntk[0]", "ntk[2]"]
+    for e in sweep.errors.values():
+        assert e.shape == (4, 4) and np.all(e > 0)
+    # the readout's NTK contribution is h.h + 1 = (3 fan_in) * (readout-conditional NNGP), so the
+    # two relative errors coincide: an exact identity up to float32 rounding
+    np.testing.assert_allclose(sweep.errors["ntk[2]"], sweep.errors["nngp"], rtol=1e-4)
+
+
+def test_analytic_contributions_sum_to_the_ntk():
+    model = nn.Sequential(nn.Linear(5, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
+    x1, x2 = torch.randn(6, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    for x2_ in (x2, None):
+        parts = analytic_ntk_by_layer(model, x1, x2_)
+        assert list(parts) == ["0", "2", "4"]
+        total = ntbridge.ntk(model, x1, x2_)
+        torch.testing.assert_close(sum(parts.values()), total, rtol=1e-12, atol=0)
+
+
+def test_table_markdown_csv(sweep, tmp_path):
+    text = str(sweep)
+    assert text.splitlines()[0].split("|")[0].strip() == "width"
+    assert "4096 |" in text and "slope |" in text and "NTK layer '0'" in text
+    md = sweep.to_markdown()
+    assert md.startswith("| width | NTK | NNGP |") and "| slope |" in md
+    path = tmp_path / "sweep.csv"
+    text = sweep.to_csv(str(path))
+    assert path.read_text() == text
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert len(rows) == 4 * 4  # 4 quantities x 4 widths
+    ntk_rows = [r for r in rows if r["quantity"] == "ntk"]
+    np.testing.assert_allclose([float(r["mean"]) for r in ntk_rows], sweep.mean("ntk"))
+    assert float(ntk_rows[0]["slope"]) == pytest.approx(sweep.slope)
+    assert sweep.to_dict()["quantities"]["ntk"]["errors"] == sweep.errors["ntk"].tolist()
+
+
+def test_plot_writes_a_png(sweep, tmp_path):
+    path = sweep.plot(str(tmp_path / "sweep.png"))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_names_the_extra(sweep, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError, match=r"pip install 'ntbridge\[plot\]'"):
+        sweep.plot(str(tmp_path / "x.png"))
+
+
+def test_residual_model_reports_seed_spread():
+    class Residual(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.inp, self.hidden, self.out = nn.Linear(4, width), nn.Linear(width, width), nn.Linear(width, 1)
+
+        def forward(self, x):
+            z = self.inp(x)
+            return self.out(torch.relu(z + self.hidden(torch.relu(z))))
+
+    result = width_sweep(Residual, [8, 16], torch.randn(3, 4), n_seeds=2, implementation="jacobian")
+    assert result.layer_reference == "seed spread"
+    assert set(result.errors) == {"ntk", "nngp", "ntk[inp]", "ntk[hidden]", "ntk[out]"}
+    assert "vs its mean over seeds" in str(result)
+
+
+def test_ntk_parameterization_rescales_each_layer():
+    x = torch.randn(4, 8)
+    standard = width_sweep(one_hidden_small, [32], x, n_seeds=1)
+    ntk = width_sweep(one_hidden_small, [32], x, n_seeds=1, parameterization="ntk")
+    # per-layer relative errors are scale-free, so they agree; the total differs (other weights)
+    np.testing.assert_allclose(ntk.errors["ntk[0]"], standard.errors["ntk[0]"], rtol=1e-4)
+    np.testing.assert_allclose(ntk.errors["nngp"], standard.errors["nngp"], rtol=1e-6)
+    assert not np.allclose(ntk.errors["ntk"], standard.errors["ntk"], rtol=1e-3)
+
+
+def one_hidden_small(width):
+    return nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 1))
+
+
+def test_bad_arguments():
+    with pytest.raises(InputError, match="widths"):
+        width_sweep(one_hidden_small, [], torch.randn(3, 8), n_seeds=1)
+    with pytest.raises(InputError, match="n_seeds"):
+        width_sweep(one_hidden_small, [8], torch.randn(3, 8), n_seeds=0)
+    with pytest.raises(InputError, match="final nn.Linear"):
+        width_sweep(lambda w: nn.Sequential(nn.Linear(8, w), nn.ReLU()), [8], torch.randn(3, 8),
+                    n_seeds=1)
+    with pytest.raises(ntbridge.errors.InputTypeError, match="nn.Module"):
+        width_sweep(lambda w: "model", [8], torch.randn(3, 8), n_seeds=1)
