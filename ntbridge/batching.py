@@ -409,7 +409,7 @@ def compute(fn: KernelFn, x1: jax.Array, x2: jax.Array | None, opts: Batching, *
     bar = tqdm(total=len(mine), desc="ntbridge tiles", unit="tile", disable=not show)
     xb = x1 if x2 is None else x2
     devices = opts.devices[:max(1, min(len(opts.devices), len(mine)))]
-    computed = {}
+    computed, replicated = {}, None
     for diagonal in (True, False):
         todo = [(i, j) for i, j in mine if (tiling.symmetric and i == j) == diagonal]
         for start in range(0, len(todo), len(devices)):
@@ -417,7 +417,9 @@ def compute(fn: KernelFn, x1: jax.Array, x2: jax.Array | None, opts: Batching, *
             structs = [jax.ShapeDtypeStruct((b, *x1.shape[1:]), x1.dtype)
                        for b in (tiling.b1, tiling.b2)]
             runner, compiled, _ = _executable(fn, devices, diagonal, args, *structs)
-            out = compiled(args, runner.stack([_pad(x1, i * tiling.b1, tiling.b1) for i, _ in group]),
+            if replicated is None:  # e.g. parameters on one device: a copy on each device, once
+                replicated = jax.device_put(args, runner.replicated)
+            out = compiled(replicated, runner.stack([_pad(x1, i * tiling.b1, tiling.b1) for i, _ in group]),
                            runner.stack([_pad(xb, j * tiling.b2, tiling.b2) for _, j in group]))
             for k, (i, j) in enumerate(group):
                 rows, cols = tiling.rows(i), tiling.cols(j)
