@@ -25,7 +25,8 @@ from .converters import Graph, Kernels, convert
 from .converters.graph import compiled
 from .converters.registry import StdOption
 from .dlpack import kernel_dtype, precision, to_jax, to_torch
-from .empirical import IMPLEMENTATIONS, Axes, empirical_nngp_fn, empirical_ntk_fn, normalize_axes, swap_x1_x2
+from .empirical import (IMPLEMENTATIONS, Axes, empirical_nngp_fn, empirical_ntk_fn, int_tuple,
+                        normalize_axes, swap_x1_x2)
 from .errors import InputError, InputTypeError, ShapeError
 # imported before ntbridge/__init__ binds the name ``monte_carlo`` to the function below
 from .monte_carlo import Moments, sample_range_fn
@@ -51,6 +52,9 @@ def _check_inputs(x1: torch.Tensor, x2: torch.Tensor | None) -> tuple[torch.dtyp
         if x.shape[0] == 0:
             raise InputError(f"{name} is an empty batch (shape {tuple(x.shape)}); pass at least one "
                              f"example.")
+        if x.numel() == 0:
+            raise ShapeError(f"{name} has zero-size examples (shape {tuple(x.shape)}); every "
+                             f"example needs at least one entry.")
     if x2 is not None:
         if x2.shape[1:] != x1.shape[1:]:
             raise ShapeError(f"x1 and x2 must have the same shape per example, got x1 "
@@ -69,6 +73,10 @@ def _inputs(graph: Graph, x1: torch.Tensor, x2: torch.Tensor | None):
             arrays.append(None)
             continue
         a = to_jax(x, name)
+        if not bool(jax.numpy.isfinite(a).all()):
+            raise InputError(f"{name} contains NaN or Inf; kernels of non-finite inputs are "
+                             f"undefined. Clean the data first (e.g. torch.nan_to_num, or drop those "
+                             f"examples).")
         try:
             graph.output_shape(a.shape)
         except ShapeError as e:
@@ -178,7 +186,8 @@ def _empirical(which: str, model: nn.Module, x1, x2, trace_axes, diagonal_axes,
                                  "so its kernel cannot be tiled; drop batch_size and device_count, "
                                  "or put the model in eval mode (model.eval()).")
             options = dataclasses.replace(options, batch_size=0, device_count=1)
-        axes_options = dict(trace_axes=tuple(trace_axes), diagonal_axes=tuple(diagonal_axes))
+        axes_options = dict(trace_axes=int_tuple(trace_axes, "trace_axes"),
+                            diagonal_axes=int_tuple(diagonal_axes, "diagonal_axes"))
         if which == "ntk":
             dispatch = compiled(("empirical_ntk", implementation, interact, graph.signature),
                                 lambda: empirical_ntk_fn(graph, implementation,
@@ -305,7 +314,7 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
     counts = _sample_counts(n_samples)
     dtype, x2 = _check_inputs(x1, x2)
     options = batching.Batching(batch_size, device_count, store_on_device, progress)
-    axes = (tuple(trace_axes), tuple(diagonal_axes))
+    axes = (int_tuple(trace_axes, "trace_axes"), int_tuple(diagonal_axes, "diagonal_axes"))
 
     def running():
         moments, done = None, 0

@@ -80,6 +80,9 @@ class Batching:
                              f"{len(jax.local_devices())} local devices exist; pass -1 for all.")
         if self.out is not None and not str(self.out).endswith(".npy"):
             raise InputError(f"out must be a path ending in .npy, got {str(self.out)!r}.")
+        if self.out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(self.out))):
+            raise InputError(f"out={str(self.out)!r}: its directory does not exist; create it "
+                             f"first (os.makedirs).")
 
     @property
     def devices(self) -> list:
@@ -129,10 +132,10 @@ class _Runner:
                               out_shardings=self.sharding)
 
     def compile(self, args, a1: jax.ShapeDtypeStruct, a2: jax.ShapeDtypeStruct):
-        stack = lambda a: jax.ShapeDtypeStruct((self.count, *a.shape), a.dtype,
-                                               sharding=self.sharding)
-        args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                                           sharding=self.replicated), args)
+        # The shardings come from the jit's in_shardings: abstract values that carry them too make
+        # JAX's batching of grouped convolutions' weight gradients raise NotImplementedError.
+        stack = lambda a: jax.ShapeDtypeStruct((self.count, *a.shape), a.dtype)
+        args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
         return self.jitted.lower(args, stack(a1), stack(a2)).compile()
 
     def stack(self, tiles: list[jax.Array]) -> jax.Array:
@@ -156,6 +159,7 @@ def fingerprint(*parts: Any) -> str:
 
 _RUNNERS: dict[tuple, _Runner] = {}
 _EXECUTABLES: dict[tuple, Any] = {}
+_CACHE_LOCK = threading.Lock()  # threads share the caches: each executable is compiled once
 
 
 def _executable(fn: KernelFn, args, x1: jax.Array, tiling: "_Tiling", opts: "Batching"):
@@ -168,18 +172,19 @@ def _executable(fn: KernelFn, args, x1: jax.Array, tiling: "_Tiling", opts: "Bat
     arg_shapes = tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(args))
     key = (fn, tuple(devices), symmetric_tile, a1.shape, a2.shape, str(a1.dtype),
            jax.tree.structure(args), arg_shapes)
-    if key not in _EXECUTABLES:
-        if key[:3] not in _RUNNERS:
-            _RUNNERS[key[:3]] = _Runner(fn, devices, symmetric_tile)
-        runner = _RUNNERS[key[:3]]
-        compiled = runner.compile(args, a1, a2)
-        m = compiled.memory_analysis()
-        per_tile = 0 if m is None else (m.argument_size_in_bytes + m.output_size_in_bytes
-                                        + m.temp_size_in_bytes) // runner.count
-        if len(_EXECUTABLES) > 64:
-            _EXECUTABLES.pop(next(iter(_EXECUTABLES)))
-        _EXECUTABLES[key] = (runner, compiled, per_tile)
-    return _EXECUTABLES[key]
+    with _CACHE_LOCK:
+        if key not in _EXECUTABLES:
+            if key[:3] not in _RUNNERS:
+                _RUNNERS[key[:3]] = _Runner(fn, devices, symmetric_tile)
+            runner = _RUNNERS[key[:3]]
+            compiled = runner.compile(args, a1, a2)
+            m = compiled.memory_analysis()
+            per_tile = 0 if m is None else (m.argument_size_in_bytes + m.output_size_in_bytes
+                                            + m.temp_size_in_bytes) // runner.count
+            if len(_EXECUTABLES) > 64:
+                _EXECUTABLES.pop(next(iter(_EXECUTABLES)))
+            _EXECUTABLES[key] = (runner, compiled, per_tile)
+        return _EXECUTABLES[key]
 
 
 @dataclasses.dataclass

@@ -44,6 +44,7 @@ import functools
 import math
 import os
 import string
+import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -63,15 +64,20 @@ _ROOFLINE = {"cpu": (1e11, 2e10), "gpu": (3e13, 3e12), "tpu": (1e14, 1e12)}
 # Axes
 
 
+def int_tuple(axes: Sequence[int], arg: str) -> tuple[int, ...]:
+    """``axes`` as a tuple of ints; InputError naming ``arg`` if it is not a sequence of ints."""
+    try:
+        return tuple(int(a) for a in axes)
+    except (TypeError, ValueError):
+        raise InputError(f"{arg} must be a tuple of ints, got {axes!r}.") from None
+
+
 def normalize_axes(trace_axes: Sequence[int], diagonal_axes: Sequence[int],
                    ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Output axes as non-negative indices into ``f``'s shape of rank ``ndim``, checked."""
     result = []
     for arg, axes in (("trace_axes", trace_axes), ("diagonal_axes", diagonal_axes)):
-        try:
-            axes = tuple(int(a) for a in axes)
-        except (TypeError, ValueError):
-            raise InputError(f"{arg} must be a tuple of ints, got {axes!r}.") from None
+        axes = int_tuple(axes, arg)
         fixed = tuple(a % ndim if -ndim <= a < ndim else None for a in axes)
         if None in fixed or 0 in fixed:
             raise InputError(f"{arg}={axes} names an axis the output (rank {ndim}, axis 0 being "
@@ -426,6 +432,7 @@ class _Dispatch:
         self.model, self.implementation, self.interact = model, implementation, interact
         self.apply_fn = model.apply_fn
         self._choices: dict[tuple, tuple[Callable, StrategyInfo]] = {}
+        self._lock = threading.Lock()  # threads share a dispatch: each choice is made once
 
     def candidates(self) -> tuple[list[str], str]:
         """The strategies that apply to this model, and why the others do not."""
@@ -490,9 +497,10 @@ class _Dispatch:
         key = (jax.tree.structure((params, state)),
                tuple(map(signature, jax.tree.leaves((params, state)))),
                signature(x1), signature(x2), axes, bool(by_layer))
-        if key not in self._choices:
-            self._choices[key] = self.choose(params, state, x1, x2, axes, bool(by_layer))
-        return (*self._choices[key], axes)
+        with self._lock:
+            if key not in self._choices:
+                self._choices[key] = self.choose(params, state, x1, x2, axes, bool(by_layer))
+            return (*self._choices[key], axes)
 
     def __call__(self, params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=(),
                  by_layer: bool = False, return_info: bool = False, state=None):

@@ -1,6 +1,9 @@
+import os
+
 import jax
 import pytest
 import torch
+from hypothesis import HealthCheck, Phase, settings
 
 # Four CPU devices for the batching tests (must be set before JAX's backend starts).
 jax.config.update("jax_num_cpu_devices", 4)
@@ -11,3 +14,13 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# Property-based tests: a fast, deterministic default profile for CI; HYPOTHESIS_PROFILE=long for a
+# longer local search.
+settings.register_profile("ci", max_examples=6, deadline=None, derandomize=True, print_blob=True,
+                          phases=[Phase.explicit, Phase.generate],  # report, do not shrink
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("long", max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import warnings
 from typing import Any, NamedTuple
 
@@ -11,7 +12,7 @@ import jax
 import torch
 from torch import nn
 
-from ..errors import InitMismatchWarning, NtbridgeError, UnsupportedLayerError
+from ..errors import InitMismatchWarning, InputError, NtbridgeError, UnsupportedLayerError
 from ..stax import Kernel, Layer, dag, input_kernel
 from ..stax.kernel import symmetrize
 from .registry import Context, Options, find_converter, init_mismatch, supported_types
@@ -65,6 +66,11 @@ def make_node(index: int, name: str, module: nn.Module, inputs: tuple[int, ...],
             f"types: {', '.join(supported_types())}. Register one with "
             f"@ntbridge.register_converter({type(module).__name__}), or build the model from "
             f"supported modules.")
+    for key, t in _tensors(module).items():
+        if t.numel() == 0:
+            raise InputError(f"module {index} '{name}' ({type(module).__name__}) has a zero-size "
+                             f"{key} (shape {tuple(t.shape)}): a layer without units or inputs "
+                             f"has no kernel; give it at least one, or remove it.")
     ctx = Context(name, index, options)
     layer = converter(module, ctx)
     return Node(index, name, module, layer, tuple(_tensors(module)), ctx.hyper, inputs,
@@ -92,17 +98,20 @@ def _located(layer: Layer, where: str) -> Layer:
 
 _COMPILED: dict[tuple, Any] = {}  # compiled functions, by architecture signature and purpose
 _MAX_COMPILED = 64
+_COMPILED_LOCK = threading.RLock()  # threads share the cache: one build per key, no torn LRU moves
 
 
 def compiled(key: tuple, build) -> Any:
-    """The compiled function cached under ``key``, built by ``build()`` on first use (LRU-bounded)."""
-    if key in _COMPILED:
-        _COMPILED[key] = _COMPILED.pop(key)  # most recently used last
-    else:
-        if len(_COMPILED) >= _MAX_COMPILED:
-            _COMPILED.pop(next(iter(_COMPILED)))
-        _COMPILED[key] = build()
-    return _COMPILED[key]
+    """The compiled function cached under ``key``, built by ``build()`` on first use (LRU-bounded;
+    thread-safe)."""
+    with _COMPILED_LOCK:
+        if key in _COMPILED:
+            _COMPILED[key] = _COMPILED.pop(key)  # most recently used last
+        else:
+            if len(_COMPILED) >= _MAX_COMPILED:
+                _COMPILED.pop(next(iter(_COMPILED)))
+            _COMPILED[key] = build()
+        return _COMPILED[key]
 
 
 def _apply(network: Layer, layout: tuple, params: Params, x: jax.Array) -> jax.Array:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Callable, Mapping
 
 import torch
@@ -53,9 +55,10 @@ StdOption = float | Mapping[str, float] | None
 def _check_std(value: StdOption, arg: str) -> None:
     values = value.values() if isinstance(value, Mapping) else [value]
     for v in values:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real)
+                              or not 0 <= v < math.inf):
             raise InputTypeError(f"{arg} must be a non-negative float or a mapping from qualified "
-                                 f"module names to floats, got {value!r}.")
+                                 f"module names to floats, all finite, got {value!r}.")
 
 
 @dataclasses.dataclass

@@ -93,16 +93,23 @@ def _angles(cos: jax.Array) -> tuple[jax.Array, jax.Array]:
     return root * _horner(_SQRT_ONE_PLUS, t), jnp.where(cos >= 0, math.pi - acos_a, acos_a)
 
 
+SNAP = 8  # ulps: cosines this close to +-1 are +-1 (see _cosine)
+
+
 def _cosine(c: jax.Array, q1: jax.Array, q2: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(sqrt(q1 q2), c / sqrt(q1 q2))``, with square roots taken per example, not per entry.
 
-    Where rounding makes ``c^2 >= q1 q2`` (an example with itself, whose cosine must be exactly 1,
-    as the angle is ill-conditioned there) the cosine is ``sign(c)``; a zero-variance side is the
-    limit of vanishing inputs (cosine 0), never NaN.
+    Within ``SNAP`` ulps of +-1 the cosine is ``+-1``: an example with itself must have cosine
+    exactly 1, but ``c`` and ``q1``, ``q2`` are rounded separately (different XLA fusions), and the
+    angle is ill-conditioned there (``t ~ sqrt(2 (1 - cos))``: one ulp of float32 would cost 1e-4
+    of the ReLU NTK). Distinct examples that close are not resolved by the rounding of ``c``
+    anyway. A zero-variance side is the limit of vanishing inputs (cosine 0), never NaN.
     """
     s1, s2 = jnp.sqrt(q1), jnp.sqrt(q2)
     r1, r2 = (jnp.where(s > 0, 1 / jnp.where(s > 0, s, 1), 0) for s in (s1, s2))
-    cos = jnp.where(c * c >= q1 * q2, jnp.sign(c), jnp.clip(c * r1 * r2, -1.0, 1.0))
+    cos = c * r1 * r2
+    near_one = jnp.abs(cos) >= 1 - SNAP * jnp.finfo(cos.dtype).eps
+    cos = jnp.where(near_one, jnp.sign(cos), cos)
     return s1 * s2, cos
 
 
