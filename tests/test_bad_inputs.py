@@ -232,3 +232,11 @@ def test_catalogue_page_lists_exactly_the_tested_rows():
     tested = {*ROWS, *OUT_FILES, *COVERED_ELSEWHERE, "non-contiguous-input", "misaligned-input"}
     assert len(listed) == len(set(listed)) >= 20
     assert set(listed) == tested
+
+
+def test_numpy_floats_are_accepted_as_stds():
+    """Any finite real number is a valid W_std/b_std (numpy scalars included)."""
+    model = mlp()
+    expected = ntbridge.ntk(model, X, W_std=1.5, b_std=0.1)
+    got = ntbridge.ntk(model, X, W_std=np.float32(1.5), b_std={"0": np.float64(0.1), "2": 0.1})
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

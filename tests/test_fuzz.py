@@ -111,14 +111,15 @@ class Residual(nn.Module):
 
 
 class Concat(nn.Module):
-    """Two Linear branches concatenated, ReLU, a Linear head."""
+    """Two Linear branches, ReLU and Tanh, concatenated, a Linear head (a concatenation only feeds
+    affine layers in the analytic kernel)."""
 
     def __init__(self, d, w, out):
         super().__init__()
         self.a, self.b, self.head = nn.Linear(d, w), nn.Linear(d, w + 1), nn.Linear(2 * w + 1, out)
 
     def forward(self, x):
-        return self.head(torch.relu(torch.cat([self.a(x), self.b(x)], dim=1)))
+        return self.head(torch.cat([torch.relu(self.a(x)), torch.tanh(self.b(x))], dim=1))
 
 
 class ConvResidual(nn.Module):
@@ -201,3 +202,27 @@ def test_empirical_ntk_equals_torch_func_at_any_tiling(case, tiles, implementati
     torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12 * expected.abs().max().item())
     if same:
         assert torch.equal(got, got.T)
+
+
+# Regressions: defects the fuzzer found, kept as fixed examples.
+
+@pytest.mark.parametrize("implementation", ["jacobian", "structured"])
+def test_grouped_convolution_empirical_ntk_under_tiling(implementation):
+    """Grouped convolutions' weight Jacobians raised NotImplementedError inside the tiled runner."""
+    model = nn.Sequential(nn.Conv1d(2, 4, 2, padding=1, dilation=2, groups=2), nn.Flatten(),
+                          nn.Linear(20, 2)).double()
+    x = torch.randn(3, 2, 5, dtype=torch.float64)
+    got = ntbridge.empirical_ntk(model, x, implementation=implementation, batch_size=2)
+    torch.testing.assert_close(got, reference.empirical_ntk(model, x, x), rtol=1e-9, atol=0)
+
+
+def test_empirical_kernels_tiled_over_several_devices():
+    """Parameters living on one device were passed to a computation replicated over several."""
+    model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    got = ntbridge.empirical_ntk(model, x, batch_size=2, device_count=2)
+    torch.testing.assert_close(got, reference.empirical_ntk(model, x, x), rtol=1e-9, atol=0)
+    with torch.no_grad():
+        f = model(x)
+    torch.testing.assert_close(ntbridge.empirical_nngp(model, x, batch_size=2, device_count=4),
+                               f @ f.T / 2, rtol=1e-12, atol=0)
