@@ -23,6 +23,7 @@ from torch import fx, nn
 from .. import stax
 from ..errors import ConversionError, UnsupportedLayerError
 from ..stax import INPUT
+from ..stax.layers import without_kernel
 from .graph import Node, make_node
 from .registry import Context, Options, find_converter, register
 
@@ -75,13 +76,10 @@ def _add_layer(module: Add, ctx: Context) -> stax.Layer:
     if not module.correlated:
         return layer
 
-    def refuse(ks):
-        raise UnsupportedLayerError(
-            f"{module.correlated}, so the kernel of their sum is not the sum of their kernels. The "
-            f"rule is exact when one branch ends in a Linear/Conv layer the other does not depend "
-            f"on (h + Linear(relu(h))); restructure the block so, or use ntbridge.empirical_ntk.")
-
-    return layer._replace(kernel_fn=refuse)
+    return without_kernel(layer, (
+        f"{module.correlated}, so the kernel of their sum is not the sum of their kernels. The "
+        f"rule is exact when one branch ends in a Linear/Conv layer the other does not depend "
+        f"on (h + Linear(relu(h))); restructure the block so, or use ntbridge.empirical_ntk."))
 
 
 @register(Concat)

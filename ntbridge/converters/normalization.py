@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from .. import stax
-from ..errors import UnsupportedLayerError
+from ..stax.layers import without_kernel
 from .registry import Context, register
 
 
@@ -26,13 +26,10 @@ def _layer_norm(module: nn.LayerNorm, ctx: Context) -> stax.Layer:
     if not varies:
         return layer
 
-    def kernel_fn(k):
-        raise UnsupportedLayerError(
-            f"LayerNorm's {' and '.join(varies)} vary across entries, so its output units are not "
-            f"identically distributed and the analytic kernel has no rule for them; use "
-            f"ntbridge.empirical_ntk for trained LayerNorm parameters.")
-
-    return layer._replace(kernel_fn=kernel_fn)
+    return without_kernel(layer, (
+        f"LayerNorm's {' and '.join(varies)} vary across entries, so its output units are not "
+        f"identically distributed and the analytic kernel has no rule for them; use "
+        f"ntbridge.empirical_ntk for trained LayerNorm parameters."))
 
 
 @register(nn.modules.batchnorm._BatchNorm)

@@ -51,6 +51,16 @@ class Layer(NamedTuple):
     structure: Callable[[Any, jax.Array], dict[str, Outer]] | None = None
 
 
+def without_kernel(layer: Layer, message: str) -> Layer:
+    """``layer`` with the same forward pass, whose ``kernel_fn`` raises
+    :class:`~ntbridge.errors.UnsupportedLayerError` with ``message``."""
+
+    def kernel_fn(k):
+        raise UnsupportedLayerError(message)
+
+    return layer._replace(kernel_fn=kernel_fn)
+
+
 def _sample(key: jax.Array, shape: Shape, std: float, distribution: str) -> jax.Array:
     """Zero-mean samples of standard deviation ``std``: torch's uniform init or a Gaussian."""
     if distribution == "uniform":
