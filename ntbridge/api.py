@@ -331,11 +331,8 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
                                             swap=lambda k: swap_x1_x2(k, fixed))
                 part = Moments(count - done, jax.numpy.asarray(mean), jax.numpy.asarray(m2))
                 moments = part if moments is None else moments.merge(part)
-                estimate = Estimate(_torch_result(np.asarray(moments.mean) if not store_on_device
-                                                  else moments.mean),
-                                    _torch_result(np.asarray(moments.standard_error)
-                                                  if not store_on_device else moments.standard_error),
-                                    count)
+                hand = lambda a: _torch_result(a if store_on_device else np.asarray(a))
+                estimate = Estimate(hand(moments.mean), hand(moments.standard_error), count)
             done = count
             yield estimate
 
