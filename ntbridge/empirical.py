@@ -20,11 +20,14 @@ Strategies of the empirical NTK (all give the same kernel):
   :class:`~ntbridge.stax.Outer` declared by ``Layer.structure``: Linear, Conv), the contribution
   ``sum_{p,q} (g1[p] . g2[q]) (patch1[p] . patch2[q])`` is formed from the cotangents ``g`` at the
   layer's output (one backward pass per output unit, through zero "taps" added to each layer's
-  output) and the layer's input patches, without the parameter Jacobian. Other parameters fall
-  back to Jacobians. Needs the network's layers (a ``Graph``), not a bare ``apply_fn``.
-* ``"auto"``: compiles the candidates, estimates each one's time from XLA's cost analysis (a
-  roofline of flops and bytes accessed), runs the cheapest and caches the choice per shape
-  signature; :class:`StrategyInfo` says what was chosen and why.
+  output) and the layer's input patches, without the parameter Jacobian. The backward pass
+  through the network's affine last layers (``Layer.affine``: e.g. a last Conv, Flatten, Linear)
+  is the same for every example and is taken once. Other parameters fall back to Jacobians.
+  Needs the network's layers (a ``Graph``), not a bare ``apply_fn``.
+* ``"auto"``: lowers each candidate (traced, not compiled), estimates its time from XLA's cost
+  analysis of that program (a roofline of flops and bytes accessed), compiles and runs the cheapest
+  only, and caches the choice per shape signature; :class:`StrategyInfo` says what was chosen and
+  why. Memory is left to the batching planner, which sizes the chosen program's tiles to fit.
 
 Examples are assumed independent (``f(x)[n]`` depends on ``x[n]`` only) unless
 ``examples_interact=True`` (e.g. BatchNorm using batch statistics): the kernel is then that of the
@@ -42,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import string
 import threading
 from typing import Any, Callable, Iterator, Sequence
@@ -248,48 +250,84 @@ def ntvp_strategy(model, params, x1, x2, axes, by_layer, chunk=None):
     return _sum_groups(parts, by_layer)
 
 
-def _tapped(nodes, structured, params, x, taps=None):
-    """The forward pass with ``taps[j]`` added to the output of node ``structured[j]``.
+def _forward(nodes, structured, params, values, lo, hi, taps=None):
+    """Runs ``nodes[lo:hi]`` on ``values`` (node index -> output; -1 is the input), adding
+    ``taps[j]`` to the output of the j-th of those nodes listed in ``structured``.
 
-    Returns the network's output and, for each node in ``structured``, its input and its output.
+    Returns all values and the inputs of the ``structured`` nodes run.
     """
-    values, ins, outs = {-1: x}, [], []
-    for i, node in enumerate(nodes):
+    values, ins = dict(values), []
+    for i in range(lo, hi):
+        node = nodes[i]
         args = tuple(values[j] for j in node.inputs)
         arg = args[0] if len(args) == 1 else args
         y = node.layer.apply_fn({p: params[node.key(p)] for p in node.param_names}, arg)
         if i in structured:
             y = y if taps is None else y + taps[len(ins)]
             ins.append(arg)
-            outs.append(y)
         values[i] = y
-    return values[len(nodes) - 1], ins, outs
+    return values, ins
+
+
+def _affine_tail(nodes) -> int:
+    """The first index of the longest run of affine layers that ends the network."""
+    start = len(nodes)
+    while start > 0 and nodes[start - 1].layer.affine:
+        start -= 1
+    return start
 
 
 def _cotangents(nodes, structured, params, x):
     """The inputs of the ``structured`` nodes and the cotangents of each output unit w.r.t. each
-    one's output, ``(N, *out, *y)``: one backward pass per output unit, through zero taps."""
-    shapes = jax.eval_shape(lambda: _tapped(nodes, structured, params, x)[2])
-    zeros = [jnp.zeros(s.shape, s.dtype) for s in shapes]
-    out, vjp, ins = jax.vjp(lambda taps: _tapped(nodes, structured, params, x, taps)[:2], zeros,
-                            has_aux=True)
+    one's output, ``(N, *out, *y)``, from one backward pass per output unit through zero taps.
+
+    The network's affine last layers have the same VJP at every example: theirs is taken once,
+    at example 0, and their cotangents come back as ``(1, *out, *y)``, the same for all examples.
+    """
+    n, end, start = x.shape[0], len(nodes), _affine_tail(nodes)
+    head, tail = [i for i in structured if i < start], [i for i in structured if i >= start]
+    # the values the tail reads from the head (the network's output itself when the tail is empty)
+    frontier = sorted({j for node in nodes[start:] for j in node.inputs if j < start}
+                      | ({end - 1} if start == end else set()))
+    shapes = jax.eval_shape(lambda: _forward(nodes, (), params, {-1: x}, 0, end)[0])
+    zeros = lambda nodes, batch: [jnp.zeros((batch, *shapes[i].shape[1:]), shapes[i].dtype)
+                                  for i in nodes]
+
+    def head_fn(taps):
+        values, ins = _forward(nodes, head, params, {-1: x}, 0, start, taps)
+        return [values[j] for j in frontier], ins
+
+    def tail_fn(taps, front):
+        return _forward(nodes, tail, params, dict(zip(frontier, front)), start, end, taps)[0][end - 1]
+
+    front, head_vjp, head_ins = jax.vjp(head_fn, zeros(head, n), has_aux=True)
+    tail_ins = _forward(nodes, tail, params, dict(zip(frontier, front)), start, end)[1]
+    out, tail_vjp = jax.vjp(tail_fn, zeros(tail, 1), [v[:1] for v in front])
     units = math.prod(out.shape[1:])
-    basis = jnp.broadcast_to(jnp.eye(units, dtype=out.dtype)[:, None], (units, x.shape[0], units))
-    (gs,) = jax.vmap(vjp)(basis.reshape(units, *out.shape))
-    return ins, [jnp.moveaxis(g, 0, 1).reshape(*out.shape, *g.shape[2:]) for g in gs]
+    g_tail, g_front = jax.vmap(tail_vjp)(jnp.eye(units, dtype=out.dtype).reshape(units, *out.shape))
+    g_head = jax.vmap(head_vjp)([jnp.broadcast_to(g, (units, n, *g.shape[2:])) for g in g_front]
+                                )[0] if head else []
+    per_example = lambda g: jnp.moveaxis(g, 0, 1).reshape(g.shape[1], *out.shape[1:], *g.shape[2:])
+    return head_ins + tail_ins, [per_example(g) for g in [*g_head, *g_tail]]
 
 
 def _outer_contribution(o1: Any, o2: Any, axes: Axes) -> jax.Array:
-    """``sum_{p,q} (g1[p] . g2[q]) (patch1[p] . patch2[q])`` per the axes rules."""
+    """``sum_{p,q} (g1[:, p] . g2[:, q]) (patch1[:, p] . patch2[:, q])`` per the axes rules.
+
+    ``o = (g, patches, n)``: ``g`` is ``(N, *out, C, P)``, or ``(1, *out, C, P)`` when the same
+    for all ``n`` examples; ``patches`` is ``(N, K, P)`` or None (all ones).
+    """
     letters = iter(string.ascii_letters)
     sa, sb, out = axes.subscripts(letters)
     p, q, c, k = (next(letters) for _ in range(4))
-    (g1, x1), (g2, x2) = o1, o2
-    scale = axes.scale(g1.shape[:axes.out_ndim])
+    (g1, x1, n1), (g2, x2, n2) = o1, o2
+    scale = axes.scale((n1, *g1.shape[1:axes.out_ndim]))
     if x1 is None:
-        return jnp.einsum(f"{sa}{c},{sb}{c}->{out}", g1.sum(-2), g2.sum(-2),
-                          precision=_HIGHEST) / scale
-    return jnp.einsum(f"{sa}{p}{c},{sb}{q}{c},{sa[0]}{p}{k},{sb[0]}{q}{k}->{out}",
+        g1, g2 = (jnp.broadcast_to(g.sum(-1), (n, *g.shape[1:-1])) for g, n in ((g1, n1), (g2, n2)))
+        return jnp.einsum(f"{sa}{c},{sb}{c}->{out}", g1, g2, precision=_HIGHEST) / scale
+    s1, s2 = (s if g.shape[0] == n else s[1:] for s, g, n in ((sa, g1, n1), (sb, g2, n2)))
+    g1, g2 = (g if g.shape[0] == n else g[0] for g, n in ((g1, n1), (g2, n2)))
+    return jnp.einsum(f"{s1}{c}{p},{s2}{c}{q},{sa[0]}{k}{p},{sb[0]}{k}{q}->{out}",
                       g1, g2, x1, x2, precision=_HIGHEST, optimize="optimal") / scale
 
 
@@ -325,8 +363,9 @@ def structured_strategy(model, params, x1, x2, axes, by_layer):
                 r2 = rule2[p]
                 g1, g2 = r1.rows(_flat_out(gs1[j], axes)), r2.rows(_flat_out(gs2[j], axes))
                 g1, g2 = (_unflat_out(g, gs[j], axes) for g, gs in ((g1, gs1), (g2, gs2)))
-                parts.setdefault(node.name, []).append(
-                    _outer_contribution((g1, r1.patches), (g2, r2.patches), axes))
+                n1, n2 = x1.shape[0], (x1 if x2 is None else x2).shape[0]
+                parts.setdefault(node.name, []).append(_outer_contribution(
+                    (g1, r1.patches, n1), (g2, r2.patches, n2), axes))
                 done.add(node.key(p))
     paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
     keys = [str(path[0].key) for path in paths]
@@ -361,9 +400,9 @@ class StrategyInfo:
 
     Attributes:
       implementation: ``"jacobian"``, ``"ntvp"`` or ``"structured"``.
-      costs: per compiled candidate, XLA's estimates: ``flops``, ``bytes_accessed``,
-        ``estimated_s`` (the roofline ``max(flops / F, bytes / B)`` of the platform) and
-        ``temp_bytes`` (working memory of the compiled program).
+      costs: per candidate, XLA's cost analysis of its lowered program: ``flops``,
+        ``bytes_accessed`` and ``estimated_s`` (the roofline ``max(flops / F, bytes / B)`` of the
+        platform).
       reason: why this one, in words.
     """
 
@@ -372,27 +411,15 @@ class StrategyInfo:
     reason: str
 
 
-def _cost(executable) -> dict[str, float]:
-    analysis = executable.cost_analysis()
+def _cost(lowered: jax.stages.Lowered) -> dict[str, float]:
+    """XLA's cost analysis of a lowered program and its roofline time on this platform."""
+    analysis = lowered.cost_analysis()
     analysis = (analysis[0] if isinstance(analysis, (list, tuple)) else analysis) or {}
     flops = float(analysis.get("flops", math.nan))
     nbytes = float(analysis.get("bytes accessed", math.nan))
     peak_flops, bandwidth = _ROOFLINE.get(jax.default_backend(), _ROOFLINE["gpu"])
-    memory = executable.memory_analysis()
     return {"flops": flops, "bytes_accessed": nbytes,
-            "estimated_s": max(flops / peak_flops, nbytes / bandwidth),
-            "temp_bytes": float(getattr(memory, "temp_size_in_bytes", math.nan))}
-
-
-def _memory_limit() -> float:
-    """Bytes a compiled program may use: the device's limit, or half the host's memory."""
-    stats = jax.devices()[0].memory_stats() or {}
-    if "bytes_limit" in stats:
-        return float(stats["bytes_limit"])
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2
-    except (ValueError, OSError, AttributeError):
-        return math.inf
+            "estimated_s": max(flops / peak_flops, nbytes / bandwidth)}
 
 
 class _Model:
@@ -466,17 +493,13 @@ class _Dispatch:
         if self.implementation != "auto":  # nothing to compare: no candidate compiled here
             best, costs, reason = self.implementation, {}, "requested"
         else:
-            executables = {s: self.program(s, axes, by_layer).lower((params, state), x1, x2)
-                           .compile() for s in wanted}
-            costs = {s: _cost(e) for s, e in executables.items()}
-            fits = [s for s in wanted if not costs[s]["temp_bytes"] > _memory_limit()] or wanted
-            best = min(fits, key=lambda s: costs[s]["estimated_s"])
-            ranked = ", ".join(f"{s} {costs[s]['estimated_s'] * 1e3:.3g} ms"
-                               for s in sorted(wanted, key=lambda s: costs[s]["estimated_s"]))
+            costs = {s: _cost(self.program(s, axes, by_layer).lower((params, state), x1, x2))
+                     for s in wanted}
+            ranked = sorted(wanted, key=lambda s: costs[s]["estimated_s"])
+            best = ranked[0]
+            estimates = ", ".join(f"{s} {costs[s]['estimated_s'] * 1e3:.3g} ms" for s in ranked)
             reason = (f"lowest estimated time on {jax.default_backend()} from XLA's cost analysis "
-                      f"({ranked})" + (f"; {why_not}" if why_not else "")
-                      + (f"; too large for memory: {sorted(set(wanted) - set(fits))}"
-                         if len(fits) < len(wanted) else ""))
+                      f"({estimates})" + (f"; {why_not}" if why_not else ""))
         program = self.program(best, axes, by_layer)
         if best == "ntvp":  # bound the memory of the VJPs held at once (same flops, same kernel)
             leaf_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))

@@ -9,7 +9,7 @@ from torch import nn
 
 import ntbridge
 from ntbridge import stax
-from ntbridge.empirical import STRATEGIES, StrategyInfo, empirical_ntk_fn
+from ntbridge.empirical import STRATEGIES, StrategyInfo, _affine_tail, empirical_ntk_fn
 from ntbridge.errors import InputError, InputTypeError
 
 from reference import full_ntk
@@ -111,10 +111,10 @@ def test_conv_structure_is_the_weight_gradient(name):
         grads = jax.grad(lambda p: jnp.vdot(g, conv.apply_fn(p, x)))(params)
         rules = conv.structure(params, x)
         assert set(rules) == set(params)
-        weight = jnp.einsum("npc,npk->ck", rules["weight"].rows(g), rules["weight"].patches)
+        weight = jnp.einsum("ncp,nkp->ck", rules["weight"].rows(g), rules["weight"].patches)
         assert jnp.allclose(weight, grads["weight"].reshape(weight.shape), rtol=1e-12, atol=1e-12)
         if "bias" in params:
-            assert jnp.allclose(rules["bias"].rows(g).sum((0, 1)), grads["bias"], rtol=1e-12)
+            assert jnp.allclose(rules["bias"].rows(g).sum((0, 2)), grads["bias"], rtol=1e-12)
 
 
 def test_cnn_structured_matches_torch_func_by_layer():
@@ -140,6 +140,45 @@ def test_cnn_1d_structured_matches_torch_func():
     got = ntbridge.empirical_ntk(model, x1, implementation="structured")
     want = torch.diagonal(full_ntk(model, x1, x1), dim1=2, dim2=3).mean(-1)
     assert rel_error(got, want) <= TOL[torch.float32]
+
+
+class _SkipToOutput(nn.Module):
+    """fc2(relu(fc1(x))) + fc3(x): the affine tail (fc2, fc3, +) reads the input directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(5, 8), nn.Linear(8, 3), nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x))) + self.fc3(x)
+
+
+@pytest.mark.parametrize("name, tail", [("conv in the tail", 2), ("all affine", 0),
+                                        ("skip to the output", 2), ("no affine tail", 4)])
+def test_affine_tail_cotangents(name, tail):
+    """The affine last layers' VJP, taken once for all examples, gives every layer's exact share."""
+    model = {"conv in the tail": lambda: nn.Sequential(
+                 nn.Conv2d(2, 3, 3), nn.ReLU(), nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(),
+                 nn.Linear(4 * 4 * 4, 3)),
+             "all affine": lambda: nn.Sequential(nn.Conv2d(2, 3, 3), nn.Flatten(), nn.Linear(48, 3)),
+             "skip to the output": _SkipToOutput,
+             "no affine tail": lambda: nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3),
+                                                     nn.Tanh())}[name]().double()
+    x1 = torch.randn(3, 2, 6, 6) if "conv" in name or "all" in name else torch.randn(3, 5)
+    x2 = torch.randn(2, *x1.shape[1:])
+    x1, x2 = x1.double(), x2.double()
+    assert _affine_tail(ntbridge.convert(model).layers) == tail
+    assert_by_layer(model, x1, x2, "structured", torch.float64)
+
+
+def test_auto_ranks_without_compiling(monkeypatch):
+    """auto estimates every candidate from its lowered program; none is compiled to choose."""
+    graph = ntbridge.convert(deep_mlp(torch.float32))
+    compiled = []
+    monkeypatch.setattr(jax.stages.Lowered, "compile",
+                        lambda self, *a, **k: compiled.append(self) or pytest.fail("compiled"))
+    run, info, _ = empirical_ntk_fn(graph, "auto").plan(graph.params, jnp.ones((4, 6)))
+    assert not compiled and set(info.costs) == set(STRATEGIES)
 
 
 def test_auto_reports_its_choice_and_caches_it():

@@ -137,7 +137,7 @@ def FanInSum() -> Layer:
         _same_shapes([k.shape1 for k in ks])
         return _combine(ks, [1.0] * len(ks), all(k.is_gaussian for k in ks))
 
-    return Layer(init_fn, lambda params, xs: sum(xs[1:], xs[0]), kernel_fn)
+    return Layer(init_fn, lambda params, xs: sum(xs[1:], xs[0]), kernel_fn, affine=True)
 
 
 def FanInConcat(axis: int = 1) -> Layer:
@@ -170,7 +170,8 @@ def FanInConcat(axis: int = 1) -> Layer:
         grow = lambda s: (s[0], sum(channels), *s[2:])
         return out.replace(shape1=grow(out.shape1), shape2=grow(out.shape2))
 
-    return Layer(init_fn, lambda params, xs: jnp.concatenate(xs, axis=axis), kernel_fn)
+    return Layer(init_fn, lambda params, xs: jnp.concatenate(xs, axis=axis), kernel_fn,
+                 affine=True)
 
 
 def Scale(c: float) -> Layer:
@@ -184,4 +185,5 @@ def Scale(c: float) -> Layer:
         s = lambda v: None if v is None else c * c * v
         return k.replace(nngp=s(k.nngp), ntk=s(k.ntk), cov1=s(k.cov1), cov2=s(k.cov2))
 
-    return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: c * x, kernel_fn)
+    return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: c * x, kernel_fn,
+                 affine=True)

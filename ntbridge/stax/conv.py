@@ -182,16 +182,16 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
         patches = window_patches(jnp.pad(x, [(0, 0), (0, 0), *conv_pads]), kernel_size, stride,
                                  dilation)
         n, positions = x.shape[0], math.prod(patches.shape[3:])
-        patches = patches.reshape(n, groups, -1, positions).transpose(0, 1, 3, 2)
-        rows = lambda g: g.reshape(g.shape[0], out_channels, -1).transpose(0, 2, 1)  # (M, P, C_out)
-        mask = jnp.repeat(jnp.eye(groups, dtype=x.dtype), out_channels // groups, axis=1)
+        patches = patches.reshape(n, groups, -1, positions).transpose(0, 2, 1, 3)  # (N, K, G, P)
+        rows = lambda g: g.reshape(g.shape[0], out_channels, -1)  # (M, C_out, P)
+        mask = jnp.repeat(jnp.eye(groups, dtype=x.dtype), out_channels // groups, axis=0)
 
-        def group_rows(g):  # (M, G * P, C_out)
+        def group_rows(g):  # (M, C_out, G * P)
             g = rows(g)
-            return g if groups == 1 else (mask[None, :, None] * g[:, None]).reshape(
-                g.shape[0], -1, out_channels)
+            return g if groups == 1 else (mask[None, :, :, None] * g[:, :, None]).reshape(
+                *g.shape[:2], -1)
 
-        outer = {"weight": Outer(patches.reshape(n, groups * positions, -1), group_rows)}
+        outer = {"weight": Outer(patches.reshape(n, -1, groups * positions), group_rows)}
         return {**outer, "bias": Outer(None, rows)} if has_bias else outer
 
-    return Layer(init_fn, apply_fn, kernel_fn, structure=structure)
+    return Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True)

@@ -10,6 +10,9 @@ A layer is a tiny stax triple plus what it requires of its input kernel:
 * ``structure``: optional, ``structure(params, x) -> {param_name: Outer}`` for the parameters the
   layer's output is linear in through an outer product (see :class:`Outer`); the empirical NTK's
   ``"structured"`` strategy uses it, and falls back to Jacobians for parameters it does not list.
+* ``affine``: the output is an affine function of the input (Linear, Conv, reshapes, average
+  pooling), so the layer's VJP is the same at every input; the ``"structured"`` strategy takes the
+  VJP of a network's affine last layers once for all examples.
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ class Outer(NamedTuple):
     """How a layer's output ``y`` depends on one parameter ``w``: a sum of outer products.
 
     For a cotangent ``g`` of ``y`` (shape ``(N, *y)``), the gradient of ``<g, y>`` w.r.t. ``w`` is,
-    up to a fixed reshape/permutation of ``w``, ``sum_p outer(rows(g)[n, p], patches[n, p])``:
-    ``rows(g)`` is ``(N, P, C)`` and ``patches`` ``(N, P, K)`` over ``P`` positions. ``patches=None``
-    stands for all-ones (``K = 1``: a bias). Linear: ``P`` = the leading axes, ``patches`` the inputs.
-    Conv: ``P`` = output positions, ``patches`` the input patches ``(N, P, C_in * prod(kernel))``,
-    ``rows(g)`` the cotangent with channels last.
+    up to a fixed reshape/permutation of ``w``, ``sum_p outer(rows(g)[n, :, p], patches[n, :, p])``:
+    ``rows(g)`` is ``(N, C, P)`` and ``patches`` ``(N, K, P)`` over ``P`` positions (positions last,
+    where matrix products want the summed axis). ``patches=None`` stands for all-ones (``K = 1``: a
+    bias). Linear: ``P`` = the leading axes, ``patches`` the inputs. Conv: ``P`` = output positions,
+    ``patches`` the input patches ``(N, C_in * prod(kernel), P)``, ``rows(g)`` the cotangent.
     """
 
     patches: jax.Array | None
@@ -49,6 +52,7 @@ class Layer(NamedTuple):
     kernel_fn: Callable[[Kernel], Kernel]
     full_spatial: bool = False
     structure: Callable[[Any, jax.Array], dict[str, Outer]] | None = None
+    affine: bool = False
 
 
 def without_kernel(layer: Layer, message: str) -> Layer:
@@ -132,13 +136,14 @@ def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | N
             is_gaussian=True)
 
     def structure(params, x):
-        rows = lambda g: g.reshape(g.shape[0], -1, g.shape[-1])
+        rows = lambda g: jnp.swapaxes(g.reshape(g.shape[0], -1, g.shape[-1]), 1, 2)
         outer = {"weight": Outer(rows(x), rows)}
         return {**outer, "bias": Outer(None, rows)} if has_bias else outer
 
-    return Layer(init_fn, apply_fn, kernel_fn, structure=structure)
+    return Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True)
 
 
 def Identity() -> Layer:
     """torch's ``nn.Identity`` (and Dropout in eval mode): nothing changes."""
-    return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: x, lambda k: k)
+    return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: x, lambda k: k,
+                 affine=True)

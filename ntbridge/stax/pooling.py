@@ -103,7 +103,8 @@ def separable_linear(ndim: int, matrices: Matrices, name: str) -> Layer:
         return map_arrays(k, fn).replace(shape1=(*k.shape1[:2], *out), shape2=(*k.shape2[:2], *out))
 
     out_spatial = lambda spatial: tuple(m.shape[0] for m in matrices(spatial))
-    return Layer(_same_channels(ndim, out_spatial), apply_fn, kernel_fn, full_spatial=True)
+    return Layer(_same_channels(ndim, out_spatial), apply_fn, kernel_fn, full_spatial=True,
+                 affine=True)
 
 
 def AvgPool(kernel_size: Sequence[int], stride: Sequence[int] | int | None = None,

@@ -75,7 +75,7 @@ def Flatten(start_dim: int = 1, end_dim: int = -1) -> Layer:
         return map_arrays(k, fn).replace(shape1=shape1, shape2=shape2, is_gaussian=gaussian)
 
     return Layer(lambda key, shape: (out_shape(tuple(shape)), {}),
-                 lambda params, x: x.reshape(out_shape(x.shape)), kernel_fn)
+                 lambda params, x: x.reshape(out_shape(x.shape)), kernel_fn, affine=True)
 
 
 def Unflatten(dim: int, sizes: Sequence[int]) -> Layer:
@@ -101,4 +101,4 @@ def Unflatten(dim: int, sizes: Sequence[int]) -> Layer:
         return _reshaped(k, out_shape(k.shape1), out_shape(k.shape2))
 
     return Layer(lambda key, shape: (out_shape(tuple(shape)), {}),
-                 lambda params, x: x.reshape(out_shape(x.shape)), kernel_fn)
+                 lambda params, x: x.reshape(out_shape(x.shape)), kernel_fn, affine=True)
