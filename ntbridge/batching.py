@@ -213,6 +213,16 @@ class _Tiling:
         return slice(j * self.b2, min((j + 1) * self.b2, self.n2))
 
 
+def _check_finite(tile: list, rows: slice, cols: slice) -> None:
+    """InputError unless every entry of the tile is finite (the inputs were checked to be)."""
+    if not all(bool(jnp.isfinite(leaf).all()) for leaf in tile):
+        raise InputError(
+            f"kernel entries [{rows.start}:{rows.stop}, {cols.start}:{cols.stop}] are not finite "
+            f"although the inputs are: a value overflowed {tile[0].dtype} inside the computation, "
+            f"or the model's weights are not finite. Rescale the inputs (e.g. standardize them), "
+            f"or compute in float64 (model.double() and float64 inputs).")
+
+
 def _plan(fn: KernelFn, args, x1, x2, opts: Batching, leaf_bytes: int) -> _Tiling:
     """Choose the tile size (checking memory before anything is allocated)."""
     n1, n2 = x1.shape[0], (x1 if x2 is None else x2).shape[0]
@@ -430,6 +440,7 @@ def compute(fn: KernelFn, x1: jax.Array, x2: jax.Array | None, opts: Batching, *
             rows, cols = tiling.rows(i), tiling.cols(j)
             tile = [leaf[k, :rows.stop - rows.start, :cols.stop - cols.start]
                     for leaf in jax.tree.leaves(out)]
+            _check_finite(tile, rows, cols)
             if tiling.symmetric and i == j:  # eagerly, op by op: a + swap(a) is exactly symmetric
                 tile = [(leaf + swap(leaf)) / 2 for leaf in tile]
             store.put(tiling, i, j, tile, swap)

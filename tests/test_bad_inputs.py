@@ -85,6 +85,9 @@ ROWS = {
                   r"x1 contains NaN or Inf.*nan_to_num"),
     "inf-input": ("all", lambda f, m: f(m, X, with_value(X, (0, 0), -float("inf"))),
                   errors.InputError, r"x2 contains NaN or Inf"),
+    "overflowing-input": ("all", lambda f, m: f(m, X * 1e20), errors.InputError,
+                          r"kernel entries \[0:3, 0:3\] are not finite although the inputs are: "
+                          r"a value overflowed float32.*float64"),
     "feature-mismatch": ("all", lambda f, m: f(m, X, torch.randn(2, 5)), errors.ShapeError,
                          r"x1 and x2 must have the same shape per example"),
     "unbatched-input": ("all", lambda f, m: f(m, X[0]), errors.ShapeError,
