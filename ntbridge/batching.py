@@ -7,8 +7,8 @@ last tile is padded by repeating its last example, and the padding is cut from t
 outside the compiled kernel (where XLA cannot fuse the transpose into the kernel's producer and
 round the two halves differently) and the others are mirrored, so the whole is exactly symmetric.
 
-* Devices: each step evaluates ``device_count`` tiles at once, one per device, by ``jax.jit`` over
-  a ``jax.sharding`` mesh (``vmap`` over stacked tiles).
+* Devices: each step evaluates ``device_count`` tiles at once, one per device: ``jax.shard_map``
+  over a mesh of the devices runs the kernel function on each device's own tile (no ``vmap``).
 * Processes: under ``jax.distributed``, each process computes every ``process_count``-th tile; the
   full kernel is then exchanged through the distributed key-value store (bounded waits: a process
   that dies makes the others raise :class:`~ntbridge.errors.ProcessError`), or each process writes

@@ -162,6 +162,11 @@ def _group_of(model) -> Callable[[tuple], str]:
     return group
 
 
+def _leaf_paths(params) -> list[tuple]:
+    """The pytree path of each leaf of ``params``, in ``jax.tree.leaves`` order."""
+    return [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+
+
 def _restrict(apply_fn, params, keep: Sequence[int]):
     """``(fn(sub, x), sub)``: ``apply_fn`` as a function of the leaves ``keep`` only."""
     leaves, treedef = jax.tree.flatten(params)
@@ -206,7 +211,7 @@ def _jacobian_parts(apply_fn, params, x1, x2, axes, keep, group, interact=False)
         j1 = _jacobian(fn, sub, x1, False)
         j2 = j1 if x2 is None else _jacobian(fn, sub, x2, False)
     parts: dict[str, list] = {}
-    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    paths = _leaf_paths(params)
     for i, a, b in zip(keep, j1, j2):
         parts.setdefault(group(paths[i]), []).append(contract(a, b, axes))
     return parts
@@ -238,7 +243,7 @@ def ntvp_strategy(model, params, x1, x2, axes, by_layer, chunk=None):
     """``chunk``: VJPs taken at once (None: all; the kernel is the same, memory is not)."""
     group = _group_of(model)
     groups: dict[str, list[int]] = {}
-    for i, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(params)[0]):
+    for i, path in enumerate(_leaf_paths(params)):
         groups.setdefault(group(path), []).append(i)
     letters = iter(string.ascii_letters)
     sa, sb, out = axes.subscripts(letters)
@@ -353,6 +358,7 @@ def structured_strategy(model, params, x1, x2, axes, by_layer):
         lookup = {**params, **model.state}
         sides = [_cotangents(nodes, structured, lookup, x) for x in ((x1,) if x2 is None else (x1, x2))]
         (ins1, gs1), (ins2, gs2) = sides[0], sides[-1]
+        n1, n2 = x1.shape[0], (x1 if x2 is None else x2).shape[0]
         for j, i in enumerate(structured):
             node = nodes[i]
             local = {p: lookup[node.key(p)] for p in node.param_names}
@@ -363,13 +369,10 @@ def structured_strategy(model, params, x1, x2, axes, by_layer):
                 r2 = rule2[p]
                 g1, g2 = r1.rows(_flat_out(gs1[j], axes)), r2.rows(_flat_out(gs2[j], axes))
                 g1, g2 = (_unflat_out(g, gs[j], axes) for g, gs in ((g1, gs1), (g2, gs2)))
-                n1, n2 = x1.shape[0], (x1 if x2 is None else x2).shape[0]
                 parts.setdefault(node.name, []).append(_outer_contribution(
                     (g1, r1.patches, n1), (g2, r2.patches, n2), axes))
                 done.add(node.key(p))
-    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    keys = [str(path[0].key) for path in paths]
-    rest = [i for i, key in enumerate(keys) if key not in done]
+    rest = [i for i, path in enumerate(_leaf_paths(params)) if str(path[0].key) not in done]
     if rest:
         for name, values in _jacobian_parts(model.apply_fn, params, x1, x2, axes, rest,
                                             _group_of(model)).items():
@@ -457,7 +460,6 @@ class _Dispatch:
             raise InputError(f"implementation must be one of {IMPLEMENTATIONS}, "
                              f"got {implementation!r}.")
         self.model, self.implementation, self.interact = model, implementation, interact
-        self.apply_fn = model.apply_fn
         self._choices: dict[tuple, tuple[Callable, StrategyInfo]] = {}
         self._lock = threading.Lock()  # threads share a dispatch: each choice is made once
 
@@ -490,7 +492,7 @@ class _Dispatch:
         if wanted[0] not in valid:
             raise InputError(f"implementation={self.implementation!r} does not apply here: "
                              f"{why_not}; use one of {valid} or 'auto'.")
-        if self.implementation != "auto":  # nothing to compare: no candidate compiled here
+        if self.implementation != "auto":  # nothing to compare
             best, costs, reason = self.implementation, {}, "requested"
         else:
             costs = {s: _cost(self.program(s, axes, by_layer).lower((params, state), x1, x2))
