@@ -112,7 +112,8 @@ def test_conv_structure_is_the_weight_gradient(name):
         rules = conv.structure(params, x)
         assert set(rules) == set(params)
         weight = jnp.einsum("ncp,nkp->ck", rules["weight"].rows(g), rules["weight"].patches)
-        assert jnp.allclose(weight, grads["weight"].reshape(weight.shape), rtol=1e-12, atol=1e-12)
+        expected = jnp.moveaxis(grads["weight"], 1, -1).reshape(weight.shape)  # (out, J, in / G)
+        assert jnp.allclose(weight, expected, rtol=1e-12, atol=1e-12)
         if "bias" in params:
             assert jnp.allclose(rules["bias"].rows(g).sum((0, 2)), grads["bias"], rtol=1e-12)
 

@@ -77,18 +77,19 @@ def window_reduce(a: jax.Array, axes: tuple[int, ...], size: int, stride: int, d
 
 def window_patches(x: jax.Array, size: tuple[int, ...], stride: tuple[int, ...],
                    dilation: tuple[int, ...]) -> jax.Array:
-    """``(N, C, *S) -> (N, C, prod(size), *S_out)``: the (dilated) windows of ``x`` taken every
-    ``stride``, offsets in row-major order; strided slices, no arithmetic.
+    """``(N, C, *S) -> (N, prod(size), C, *S_out)``: the (dilated) windows of ``x`` taken every
+    ``stride``, offsets in row-major order; strided slices, no arithmetic. Offsets before channels:
+    each window is then one contiguous block (stacking them behind the channels is ~3x slower).
 
     Example:
         >>> window_patches(jnp.ones((2, 3, 8, 8)), (3, 3), (1, 1), (1, 1)).shape
-        (2, 3, 9, 6, 6)
+        (2, 9, 3, 6, 6)
     """
     spatial = [window_count(*dims, (0, 0)) for dims in zip(x.shape[2:], size, stride, dilation)]
     windows = [jax.lax.slice(x, (0, 0, *starts), (*x.shape[:2], *(
         s + (n - 1) * st + 1 for s, n, st in zip(starts, spatial, stride))), (1, 1, *stride))
         for starts in itertools.product(*(range(0, d * k, d) for k, d in zip(size, dilation)))]
-    return jnp.stack(windows, axis=2)
+    return jnp.stack(windows, axis=1)
 
 
 def check_spatial_input(input_shape, channels: int | None, ndim: int) -> None:
@@ -175,14 +176,16 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
             shape2=(k.shape2[0], out_channels, *out_spatial(k.shape2[2:])), is_gaussian=True)
 
     def structure(params, x):
-        # weight[o, c, j] sees patch (c, j) at every output position p; with groups, output channel
-        # o sees its own group's channels: positions are repeated per group and the rows of other
-        # groups' channels are zero, so only same-group pairs meet.
+        # weight[o, c, j] sees patch (j, c) at every output position p (K = kernel offsets x
+        # channels, offsets major); with groups, output channel o sees its own group's channels:
+        # positions are repeated per group and the rows of other groups' channels are zero, so only
+        # same-group pairs meet.
         x, conv_pads = padded(x)
         patches = window_patches(jnp.pad(x, [(0, 0), (0, 0), *conv_pads]), kernel_size, stride,
                                  dilation)
-        n, positions = x.shape[0], math.prod(patches.shape[3:])
-        patches = patches.reshape(n, groups, -1, positions).transpose(0, 2, 1, 3)  # (N, K, G, P)
+        n, offsets, positions = x.shape[0], patches.shape[1], math.prod(patches.shape[3:])
+        patches = patches.reshape(n, offsets, groups, -1, positions).transpose(
+            0, 1, 3, 2, 4)  # (N, J, C / G, G, P)
         rows = lambda g: g.reshape(g.shape[0], out_channels, -1)  # (M, C_out, P)
         mask = jnp.repeat(jnp.eye(groups, dtype=x.dtype), out_channels // groups, axis=0)
 
