@@ -1,6 +1,6 @@
 """ntbridge benchmarks: ratios measured side by side in one process (absolute times drift).
 
-Run: python benchmarks/run.py [--quick]
+Run: python benchmarks/run.py [--quick] [--empirical-only] [--device cuda]
 """
 
 from __future__ import annotations
@@ -20,13 +20,20 @@ import ntbridge  # noqa: E402
 from ntbridge.dlpack import shares_memory, to_jax, to_torch  # noqa: E402
 
 
+def finish(result) -> None:
+    """Waits until ``result`` (JAX arrays or torch tensors) is computed, on CPU or GPU."""
+    jax.block_until_ready(result)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def best_time(fn, repeats: int = 5) -> float:
     """Best wall time of ``fn()`` over ``repeats`` runs, after one warm-up (compilation) run."""
-    jax.block_until_ready(fn())
+    finish(fn())
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        jax.block_until_ready(fn())
+        finish(fn())
         times.append(time.perf_counter() - t0)
     return min(times)
 
@@ -36,11 +43,11 @@ def interleaved_times(a, b, rounds: int) -> tuple[list[float], list[float]]:
     both see the same load of a shared machine."""
     samples = ([], [])
     for fn in (a, b):
-        jax.block_until_ready(fn())
+        finish(fn())
     for _ in range(rounds):
         for fn, times in zip((a, b), samples):
             t0 = time.perf_counter()
-            jax.block_until_ready(fn())
+            finish(fn())
             times.append(time.perf_counter() - t0)
     return samples
 
@@ -115,18 +122,24 @@ def torch_func_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor, how: st
     def per_x2(x):
         _, pull = vjp(lambda p: single(p, x), params)
         column = lambda ct: jvp(f1, (params,), pull(ct))[1]  # (N1, O)
-        return vmap(column)(torch.eye(model(x1[:1]).shape[-1], dtype=x1.dtype))
+        return vmap(column)(torch.eye(model(x1[:1]).shape[-1], dtype=x1.dtype, device=x1.device))
 
     return vmap(per_x2)(x2).permute(2, 0, 3, 1)
 
 
-def peak_memory(model: nn.Module, x1, x2, trace_axes, impl: str) -> int:
-    """Bytes of a strategy's compiled program (arguments, outputs, temporaries), from XLA."""
+def peak_memory(model: nn.Module, x1, x2, trace_axes, impl: str) -> int | None:
+    """Bytes of a strategy's compiled program (arguments, outputs, temporaries), from XLA; None
+    when compiling itself runs out of memory (a GPU compiler tunes its products on the device)."""
     from ntbridge.empirical import empirical_ntk_fn
     graph = ntbridge.convert(model)
     a1, a2 = to_jax(x1), None if x2 is None else to_jax(x2)
     run, _, _ = empirical_ntk_fn(graph, impl).plan(graph.params, a1, a2, trace_axes=trace_axes)
-    m = run.lower((graph.params, None), a1, a2).compile().memory_analysis()
+    try:
+        m = run.lower((graph.params, None), a1, a2).compile().memory_analysis()
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        return None
     return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
 
 
@@ -143,8 +156,9 @@ def strategies_vs_auto(name: str, model: nn.Module, x1, x2, trace_axes, limit_s:
     times = {"auto": best_time(call, repeats)}
     for impl, cost in sorted(info.costs.items()):
         peak = peak_memory(model, x1, x2, trace_axes, impl)
-        memory = f"peak memory {peak / 2 ** 20:.0f} MiB"
-        too_big = cost["estimated_s"] > limit_s or peak > 2 ** 32
+        memory = ("compiling it ran out of device memory" if peak is None else
+                  f"peak memory {peak / 2 ** 20:.0f} MiB")
+        too_big = cost["estimated_s"] > limit_s or peak is None or peak > 2 ** 32
         if too_big and impl != info.implementation:
             print(f"{name + ': ' + impl + ' / auto':<52} {'-':>8}    not run: XLA estimate "
                   f"{cost['estimated_s']:.1f} s, {memory}")
@@ -159,16 +173,17 @@ def strategies_vs_auto(name: str, model: nn.Module, x1, x2, trace_axes, limit_s:
     return times
 
 
-def empirical_cnn(repeats: int) -> None:
-    """The torch.func NTK tutorial's CNN, full kernel of 20 x 5 images: ntbridge auto vs torch.func."""
+def empirical_cnn(repeats: int, device: str) -> None:
+    """The torch.func NTK tutorial's CNN, full kernel of 20 x 5 images: ntbridge auto vs torch.func,
+    model and inputs on ``device`` ("cpu" or "cuda")."""
     from ntbridge.converters.registry import find_converter
-    name = "CNN empirical NTK (20x5 images, full)"
+    name = f"CNN empirical NTK (20x5 images, full, {device})"
     if find_converter(nn.Conv2d(1, 1, 1)) is None:
         print(f"{name:<52} skipped: Conv2d not supported yet")
         return
     model = nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Conv2d(32, 32, 3), nn.ReLU(),
-                          nn.Conv2d(32, 32, 3), nn.Flatten(), nn.Linear(32 * 26 * 26, 10))
-    x1, x2 = torch.randn(20, 3, 32, 32), torch.randn(5, 3, 32, 32)
+                          nn.Conv2d(32, 32, 3), nn.Flatten(), nn.Linear(32 * 26 * 26, 10)).to(device)
+    x1, x2 = torch.randn(20, 3, 32, 32, device=device), torch.randn(5, 3, 32, 32, device=device)
     strategies_vs_auto(name, model, x1, x2, (), limit_s=60, repeats=repeats)
     auto = lambda: ntbridge.empirical_ntk(model, x1, x2, trace_axes=())
     for how, target, rounds in (("jacobian", 0.5, 3 * repeats), ("ntvp", 1.0, repeats)):
@@ -182,12 +197,12 @@ def empirical_cnn(repeats: int) -> None:
             f"<= {target}x: {verdict}")
 
 
-def empirical_wide_mlp(n: int, repeats: int) -> None:
+def empirical_wide_mlp(n: int, repeats: int, device: str) -> None:
     """784 -> 3 x [2048, ReLU] -> 10, full kernel of N x N: the structured strategy's advantage."""
     layers = [nn.Linear(784, 2048), nn.ReLU()] + [nn.Linear(2048, 2048), nn.ReLU()] * 2
-    model = nn.Sequential(*layers, nn.Linear(2048, 10))
-    x = torch.randn(n, 784)
-    strategies_vs_auto(f"wide MLP empirical NTK (N={n}, full)", model, x, None, (), limit_s=60,
+    model = nn.Sequential(*layers, nn.Linear(2048, 10)).to(device)
+    x = torch.randn(n, 784, device=device)
+    strategies_vs_auto(f"wide MLP empirical NTK (N={n}, full, {device})", model, x, None, (), limit_s=60,
                        repeats=repeats)
 
 
@@ -232,22 +247,33 @@ def cnn_kernels(n_flatten: int, n_pool: int) -> None:
             f"compile {t_compile:.2f} s, steady {t * 1e3:.1f} ms")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smaller sizes")
-    args = parser.parse_args()
-    n = 512 if args.quick else 2048
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}\n")
-    print(f"{'benchmark':<52} {'ratio':>9}   detail")
+def analytic_rows(n: int, quick: bool) -> None:
+    """The infinite-width kernel rows (CPU; on a GPU machine, its default JAX device)."""
     fc_vs_gram(n)
     dlpack_handoff(n)
     tiling_overhead("FC", fc_model(), torch.randn(n, 784))
     tiling_overhead("CNN Flatten 8x8", _cnn("Flatten", 8), torch.randn(n // 8, 3, 8, 8))
     device_scaling(n)
-    cnn_kernels(64 if args.quick else 256, 8 if args.quick else 32)
+    cnn_kernels(64 if quick else 256, 8 if quick else 32)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--empirical-only", action="store_true", help="the empirical NTK rows only")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the empirical NTK rows put the torch model and inputs")
+    args = parser.parse_args()
+    # ntbridge computes float32 in full precision (XLA's HIGHEST): so does torch, for a fair race
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    n = 512 if args.quick else 2048
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}\n")
+    print(f"{'benchmark':<52} {'ratio':>9}   detail")
     repeats = 2 if args.quick else 5
-    empirical_wide_mlp(64 if args.quick else 256, repeats)
-    empirical_cnn(repeats)
+    if not args.empirical_only:
+        analytic_rows(n, args.quick)
+    empirical_wide_mlp(64 if args.quick else 256, repeats, args.device)
+    empirical_cnn(repeats, args.device)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ class Batching:
       progress: a tqdm bar; ``None`` = only for long runs attached to a terminal.
       out: a ``.npy`` path: the kernel is written there tile by tile (resumable) and returned as a
         tensor over its memory map.
+      platform: the platform of the inputs ("cpu", "gpu"), whose devices compute the tiles; set
+        by :func:`compute` from x1 (``None``: JAX's default).
     """
 
     batch_size: int | None = None
@@ -65,6 +67,7 @@ class Batching:
     store_on_device: bool = True
     progress: bool | None = None
     out: str | os.PathLike | None = None
+    platform: str | None = None
 
     def __post_init__(self):
         for name in ("batch_size", "device_count"):
@@ -75,9 +78,9 @@ class Batching:
             raise InputError(f"batch_size must be >= 0 (0 = no tiling), got {self.batch_size}.")
         if self.device_count == 0 or self.device_count < -1:
             raise InputError(f"device_count must be -1 (all) or >= 1, got {self.device_count}.")
-        if self.device_count > len(jax.local_devices()):
-            raise InputError(f"device_count={self.device_count} but only "
-                             f"{len(jax.local_devices())} local devices exist; pass -1 for all.")
+        if self.platform is not None and self.device_count > len(self.devices):
+            raise InputError(f"device_count={self.device_count} but only {len(self.devices)} local "
+                             f"{self.platform} devices exist; pass -1 for all.")
         if self.out is not None and not str(self.out).endswith(".npy"):
             raise InputError(f"out must be a path ending in .npy, got {str(self.out)!r}.")
         if self.out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(self.out))):
@@ -86,8 +89,17 @@ class Batching:
 
     @property
     def devices(self) -> list:
-        devices = jax.local_devices()
+        """The local devices of the inputs' platform (not JAX's default one: CPU inputs stay on the
+        CPU of a GPU machine)."""
+        devices = jax.local_devices(backend=self.platform)
         return devices if self.device_count == -1 else devices[:self.device_count]
+
+
+def platform_of(x: jax.Array | jax.ShapeDtypeStruct) -> str:
+    """The platform ("cpu", "gpu", ...) of the devices holding ``x``; JAX's default platform for
+    an abstract value without a sharding."""
+    sharding = getattr(x, "sharding", None)
+    return jax.default_backend() if sharding is None else next(iter(sharding.device_set)).platform
 
 
 def _free_bytes(device) -> int:
@@ -407,6 +419,7 @@ def compute(fn: KernelFn, x1: jax.Array, x2: jax.Array | None, opts: Batching, *
       memory (``store_on_device=False``), or the ``np.memmap`` of ``out``.
     """
     _CALLS[0] += 1
+    opts = dataclasses.replace(opts, platform=platform_of(x1))
     struct = jax.eval_shape(fn, args, x1[:1], None if x2 is None else x2[:1])
     leaves, treedef = jax.tree.flatten(struct)
     n1, n2 = x1.shape[0], (x1 if x2 is None else x2).shape[0]

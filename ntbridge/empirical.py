@@ -25,9 +25,9 @@ Strategies of the empirical NTK (all give the same kernel):
   is the same for every example and is taken once. Other parameters fall back to Jacobians.
   Needs the network's layers (a ``Graph``), not a bare ``apply_fn``.
 * ``"auto"``: lowers each candidate (traced, not compiled), estimates its time from XLA's cost
-  analysis of that program (a roofline of flops and bytes accessed), compiles and runs the cheapest
-  only, and caches the choice per shape signature; :class:`StrategyInfo` says what was chosen and
-  why. Memory is left to the batching planner, which sizes the chosen program's tiles to fit.
+  analysis of that program (a roofline of flops and bytes accessed, for the inputs' platform; on
+  GPUs the CPU client analyses the same program), compiles and runs the cheapest only, and
+  caches the choice per shape signature; :class:`StrategyInfo` says what was chosen and why. Memory is left to the batching planner, which sizes the chosen program's tiles to fit.
 
 Examples are assumed independent (``f(x)[n]`` depends on ``x[n]`` only) unless
 ``examples_interact=True`` (e.g. BatchNorm using batch statistics): the kernel is then that of the
@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterator, Sequence
 import jax
 import jax.numpy as jnp
 
+from .batching import platform_of
 from .errors import InputError
 
 IMPLEMENTATIONS = ("auto", "jacobian", "ntvp", "structured")
@@ -414,13 +415,31 @@ class StrategyInfo:
     reason: str
 
 
-def _cost(lowered: jax.stages.Lowered) -> dict[str, float]:
-    """XLA's cost analysis of a lowered program and its roofline time on this platform."""
-    analysis = lowered.cost_analysis()
-    analysis = (analysis[0] if isinstance(analysis, (list, tuple)) else analysis) or {}
+def _analysis(stage: jax.stages.Lowered | jax.stages.Compiled) -> dict:
+    analysis = stage.cost_analysis()
+    return (analysis[0] if isinstance(analysis, (list, tuple)) else analysis) or {}
+
+
+def _cost(program: Callable, args: tuple, platform: str) -> dict[str, float]:
+    """XLA's cost analysis of ``program`` lowered (not compiled) for ``args``, and its roofline
+    time on ``platform``.
+
+    PJRT plug-ins (e.g. CUDA's) analyse compiled programs only: there the program is lowered for
+    abstract copies of ``args`` on the CPU, whose client analyses the same operations (nothing
+    runs); without a CPU backend, the candidate is compiled.
+    """
+    analysis = _analysis(program.lower(*args))
+    if "flops" not in analysis:
+        try:
+            cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
+            on_cpu = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu),
+                                  args)
+            analysis = _analysis(program.lower(*on_cpu))
+        except RuntimeError:  # no CPU backend (JAX_PLATFORMS excludes it)
+            analysis = _analysis(program.lower(*args).compile())
     flops = float(analysis.get("flops", math.nan))
     nbytes = float(analysis.get("bytes accessed", math.nan))
-    peak_flops, bandwidth = _ROOFLINE.get(jax.default_backend(), _ROOFLINE["gpu"])
+    peak_flops, bandwidth = _ROOFLINE.get(platform, _ROOFLINE["gpu"])
     return {"flops": flops, "bytes_accessed": nbytes,
             "estimated_s": max(flops / peak_flops, nbytes / bandwidth)}
 
@@ -495,12 +514,14 @@ class _Dispatch:
         if self.implementation != "auto":  # nothing to compare
             best, costs, reason = self.implementation, {}, "requested"
         else:
-            costs = {s: _cost(self.program(s, axes, by_layer).lower((params, state), x1, x2))
+            platform = platform_of(x1)
+            costs = {s: _cost(self.program(s, axes, by_layer), ((params, state), x1, x2), platform)
                      for s in wanted}
-            ranked = sorted(wanted, key=lambda s: costs[s]["estimated_s"])
+            ranked = sorted(wanted, key=lambda s: (math.isnan(costs[s]["estimated_s"]),
+                                                   costs[s]["estimated_s"]))
             best = ranked[0]
             estimates = ", ".join(f"{s} {costs[s]['estimated_s'] * 1e3:.3g} ms" for s in ranked)
-            reason = (f"lowest estimated time on {jax.default_backend()} from XLA's cost analysis "
+            reason = (f"lowest estimated time on {platform} from XLA's cost analysis "
                       f"({estimates})" + (f"; {why_not}" if why_not else ""))
         program = self.program(best, axes, by_layer)
         if best == "ntvp":  # bound the memory of the VJPs held at once (same flops, same kernel)

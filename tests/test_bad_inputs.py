@@ -124,7 +124,7 @@ ROWS = {
     "non-int-batch-size": ("all", lambda f, m: f(m, X, batch_size=2.0), errors.InputTypeError,
                            r"batch_size must be an int, got 2.0"),
     "too-many-devices": ("all", lambda f, m: f(m, X, device_count=99), errors.InputError,
-                         r"device_count=99 but only \d+ local devices exist"),
+                         r"device_count=99 but only \d+ local cpu devices exist"),
     "w-std-wrong-type": (mlp, lambda m, p: ntbridge.ntk(m, X, W_std="1.0"), errors.InputTypeError,
                          r"W_std must be a non-negative float"),
     "w-std-not-finite": (mlp, lambda m, p: ntbridge.ntk(m, X, b_std=float("nan")),

@@ -76,7 +76,7 @@ def test_bad_batching_options(data):
     for kwargs, match in [({"batch_size": -1}, "batch_size must be >= 0"),
                           ({"batch_size": 2.5}, "batch_size must be an int"),
                           ({"device_count": 0}, "device_count must be"),
-                          ({"device_count": 64}, "only 4 local devices"),
+                          ({"device_count": 64}, "only 4 local cpu devices"),
                           ({"out": "kernel.txt"}, "out must be a path ending in .npy")]:
         with pytest.raises(errors.InputError, match=match):
             ntbridge.ntk(MODEL, x1, **kwargs)

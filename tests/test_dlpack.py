@@ -9,6 +9,8 @@ from ntbridge import dlpack
 from ntbridge.dlpack import precision, shares_memory, to_jax, to_torch
 from ntbridge.errors import InputTypeError
 
+from reference import full_ntk
+
 cuda = pytest.mark.skipif(
     not torch.cuda.is_available() or not any(d.platform == "gpu" for d in jax.devices()),
     reason="needs CUDA in torch and in JAX")
@@ -22,7 +24,7 @@ def test_to_jax_is_zero_copy_on_cpu():
 
 
 def test_to_torch_is_zero_copy_on_cpu():
-    a = jnp.sin(jnp.arange(100.0)).reshape(10, 10)
+    a = jax.device_put(jnp.sin(jnp.arange(100.0)).reshape(10, 10), jax.devices("cpu")[0])
     t = to_torch(a)
     assert shares_memory(t, a)
     np.testing.assert_array_equal(t.numpy(), np.asarray(a))
@@ -90,5 +92,21 @@ def test_cuda_kernel_result_on_the_gpu():
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     x = torch.randn(5, 3)
     k_gpu = ntbridge.ntk(model.cuda(), x.cuda())
-    assert k_gpu.device.type == "cuda"
-    torch.testing.assert_close(k_gpu.cpu(), ntbridge.ntk(model.cpu(), x), rtol=1e-5, atol=1e-6)
+    k_cpu = ntbridge.ntk(model.cpu(), x)  # computed on the CPU, though JAX's default is the GPU
+    assert k_gpu.device.type == "cuda" and k_cpu.device.type == "cpu"
+    torch.testing.assert_close(k_gpu.cpu(), k_cpu, rtol=1e-5, atol=1e-6)
+
+
+@cuda
+@pytest.mark.parametrize("implementation", ["jacobian", "ntvp", "structured", "auto"])
+def test_cuda_empirical_ntk_every_strategy(implementation):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 6 * 6, 5))
+    x1, x2 = torch.randn(3, 3, 8, 8), torch.randn(2, 3, 8, 8)
+    k = ntbridge.empirical_ntk(model.cuda(), x1.cuda(), x2.cuda(), trace_axes=(),
+                               implementation=implementation)
+    assert k.device.type == "cuda"
+    expected = full_ntk(model.cpu(), x1, x2)
+    assert ntbridge.empirical_ntk(model, x1, x2, trace_axes=()).device.type == "cpu"
+    assert (torch.linalg.norm(k.cpu() - expected) / torch.linalg.norm(expected)).item() <= 1e-5

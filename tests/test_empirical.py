@@ -185,6 +185,25 @@ def test_auto_ranks_without_compiling(monkeypatch):
     assert set(info.costs) == set(STRATEGIES)
 
 
+def test_auto_without_a_lowered_cost_analysis(monkeypatch):
+    """As on CUDA (a PJRT plug-in), the lowered program has no cost analysis: auto has the CPU
+    client analyse the same program, and the estimates (so the choice) are the same."""
+    graph = ntbridge.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(),
+                                           nn.Linear(4 * 6 * 6, 5)))
+    x = jnp.ones((3, 3, 8, 8))
+    _, expected, _ = empirical_ntk_fn(graph, "auto").plan(graph.params, x, trace_axes=())
+    original, calls = jax.stages.Lowered.cost_analysis, []
+
+    def on_platform_then_on_cpu(self):
+        calls.append(self)
+        return None if len(calls) % 2 else original(self)
+
+    monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", on_platform_then_on_cpu)
+    _, info, _ = empirical_ntk_fn(graph, "auto").plan(graph.params, x, trace_axes=())
+    assert len(calls) == 2 * len(STRATEGIES)
+    assert info.costs == expected.costs and info.implementation == expected.implementation
+
+
 def test_auto_reports_its_choice_and_caches_it():
     model = deep_mlp(torch.float32)
     x1, x2 = torch.randn(7, 6), torch.randn(4, 6)
