@@ -202,8 +202,8 @@ def empirical_wide_mlp(n: int, repeats: int, device: str) -> None:
     layers = [nn.Linear(784, 2048), nn.ReLU()] + [nn.Linear(2048, 2048), nn.ReLU()] * 2
     model = nn.Sequential(*layers, nn.Linear(2048, 10)).to(device)
     x = torch.randn(n, 784, device=device)
-    strategies_vs_auto(f"wide MLP empirical NTK (N={n}, full, {device})", model, x, None, (), limit_s=60,
-                       repeats=repeats)
+    strategies_vs_auto(f"wide MLP empirical NTK (N={n}, full, {device})", model, x, None, (),
+                       limit_s=60, repeats=repeats)
 
 
 def _cnn(head: str, size: int) -> nn.Module:

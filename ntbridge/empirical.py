@@ -27,7 +27,8 @@ Strategies of the empirical NTK (all give the same kernel):
 * ``"auto"``: lowers each candidate (traced, not compiled), estimates its time from XLA's cost
   analysis of that program (a roofline of flops and bytes accessed, for the inputs' platform; on
   GPUs the CPU client analyses the same program), compiles and runs the cheapest only, and
-  caches the choice per shape signature; :class:`StrategyInfo` says what was chosen and why. Memory is left to the batching planner, which sizes the chosen program's tiles to fit.
+  caches the choice per shape signature; :class:`StrategyInfo` says what was chosen and why.
+  Memory is left to the batching planner, which sizes the chosen program's tiles to fit.
 
 Examples are assumed independent (``f(x)[n]`` depends on ``x[n]`` only) unless
 ``examples_interact=True`` (e.g. BatchNorm using batch statistics): the kernel is then that of the
