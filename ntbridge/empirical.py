@@ -429,7 +429,8 @@ def _cost(program: Callable, args: tuple, platform: str) -> dict[str, float]:
     abstract copies of ``args`` on the CPU, whose client analyses the same operations (nothing
     runs); without a CPU backend, the candidate is compiled.
     """
-    analysis = _analysis(program.lower(*args))
+    lowered = program.lower(*args)
+    analysis = _analysis(lowered)
     if "flops" not in analysis:
         try:
             cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
@@ -437,7 +438,7 @@ def _cost(program: Callable, args: tuple, platform: str) -> dict[str, float]:
                                   args)
             analysis = _analysis(program.lower(*on_cpu))
         except RuntimeError:  # no CPU backend (JAX_PLATFORMS excludes it)
-            analysis = _analysis(program.lower(*args).compile())
+            analysis = _analysis(lowered.compile())
     flops = float(analysis.get("flops", math.nan))
     nbytes = float(analysis.get("bytes accessed", math.nan))
     peak_flops, bandwidth = _ROOFLINE.get(platform, _ROOFLINE["gpu"])
