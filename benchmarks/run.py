@@ -197,6 +197,20 @@ def empirical_cnn(repeats: int, device: str) -> None:
             f"<= {target}x: {verdict}")
 
 
+def cpu_convolution(batch: int) -> None:
+    """XLA's CPU convolutions with its default options (YNNPACK) vs ntbridge's (XLA's own): a
+    batch of 3x3 convolutions of 28x28 maps of 32 channels, as in the CNN's backward passes."""
+    from ntbridge.batching import compiler_options
+    conv = lambda x, w: jax.lax.conv_general_dilated(
+        x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        precision=jax.lax.Precision.HIGHEST)
+    x, w = jax.numpy.ones((batch, 28, 28, 32)), jax.numpy.ones((3, 3, 32, 32))
+    default, ours = jax.jit(conv), jax.jit(conv, compiler_options=compiler_options("cpu"))
+    t_default, t_ours = best_time(lambda: default(x, w)), best_time(lambda: ours(x, w))
+    row(f"CPU convolution (batch {batch}): XLA default / ntbridge", t_default / t_ours,
+        f"default {t_default * 1e3:.1f} ms, ntbridge's options {t_ours * 1e3:.1f} ms")
+
+
 def empirical_wide_mlp(n: int, repeats: int, device: str) -> None:
     """784 -> 3 x [2048, ReLU] -> 10, full kernel of N x N: the structured strategy's advantage."""
     layers = [nn.Linear(784, 2048), nn.ReLU()] + [nn.Linear(2048, 2048), nn.ReLU()] * 2
@@ -270,6 +284,8 @@ def main() -> None:
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}\n")
     print(f"{'benchmark':<52} {'ratio':>9}   detail")
     repeats = 2 if args.quick else 5
+    if args.device == "cpu":
+        cpu_convolution(50 if args.quick else 250)
     if not args.empirical_only:
         analytic_rows(n, args.quick)
     empirical_wide_mlp(64 if args.quick else 256, repeats, args.device)

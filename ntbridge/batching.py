@@ -25,6 +25,7 @@ round the two halves differently) and the others are mirrored, so the whole is e
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -123,6 +124,26 @@ def _pad(x: jax.Array, start: int, size: int) -> jax.Array:
     return tile
 
 
+# XLA's CPU compiler hands matrix products, reductions and 2D convolutions to YNNPACK; its
+# convolutions are slower than XLA's own for the batched convolutions of empirical NTKs
+# (benchmarks/run.py, "CPU convolution" row), so ntbridge keeps the other two only.
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
+                        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
+
+
+@functools.cache
+def compiler_options(platform: str) -> dict[str, str]:
+    """The XLA options of ntbridge's programs on ``platform``: :data:`CPU_COMPILER_OPTIONS` on
+    CPUs whose XLA knows them (checked once by compiling a constant), else none."""
+    if platform != "cpu":
+        return {}
+    try:
+        jax.jit(lambda: 0.0, compiler_options=CPU_COMPILER_OPTIONS).lower().compile()
+    except RuntimeError:  # an XLA without this option (XLA's name, and experimental)
+        return {}
+    return CPU_COMPILER_OPTIONS
+
+
 class _Runner:
     """``fn`` jitted for stacks of tiles, one tile per device: ``shard_map`` over the stacked axis
     runs ``fn`` on each device's own tile (no ``vmap``, so any layer's batching rule is avoided);
@@ -141,7 +162,8 @@ class _Runner:
         mapped = jax.shard_map(local, mesh=mesh, in_specs=(whole, tiles, tiles), out_specs=tiles,
                                check_vma=False)
         self.jitted = jax.jit(mapped, in_shardings=(self.replicated, self.sharding, self.sharding),
-                              out_shardings=self.sharding)
+                              out_shardings=self.sharding,
+                              compiler_options=compiler_options(devices[0].platform))
 
     def compile(self, args, a1: jax.ShapeDtypeStruct, a2: jax.ShapeDtypeStruct):
         # The shardings come from the jit's in_shardings: abstract values that carry them too make

@@ -321,20 +321,22 @@ def _cotangents(nodes, structured, params, x):
 def _outer_contribution(o1: Any, o2: Any, axes: Axes) -> jax.Array:
     """``sum_{p,q} (g1[:, p] . g2[:, q]) (patch1[:, p] . patch2[:, q])`` per the axes rules.
 
-    ``o = (g, patches, n)``: ``g`` is ``(N, *out, C, P)``, or ``(1, *out, C, P)`` when the same
-    for all ``n`` examples; ``patches`` is ``(N, K, P)`` or None (all ones).
+    ``o = (g, patches, n)``: ``g`` is ``(N, P, *out, C)``, or ``(1, P, *out, C)`` when the same
+    for all ``n`` examples; ``patches`` is ``(N, P, K)`` or None (all ones). Positions lead and
+    channels trail (``*out`` between them), so each example's ``g`` is a ``(P, out x C)`` matrix as
+    it stands.
     """
     letters = iter(string.ascii_letters)
     sa, sb, out = axes.subscripts(letters)
     p, q, c, k = (next(letters) for _ in range(4))
     (g1, x1, n1), (g2, x2, n2) = o1, o2
-    scale = axes.scale((n1, *g1.shape[1:axes.out_ndim]))
-    if x1 is None:
-        g1, g2 = (jnp.broadcast_to(g.sum(-1), (n, *g.shape[1:-1])) for g, n in ((g1, n1), (g2, n2)))
-        return jnp.einsum(f"{sa}{c},{sb}{c}->{out}", g1, g2, precision=_HIGHEST) / scale
-    s1, s2 = (s if g.shape[0] == n else s[1:] for s, g, n in ((sa, g1, n1), (sb, g2, n2)))
+    scale = axes.scale((n1, *g1.shape[2:axes.out_ndim + 1]))
+    x1, x2 = (jnp.ones((n, g.shape[1], 1), g.dtype) if x is None else x
+              for x, g, n in ((x1, g1, n1), (x2, g2, n2)))
+    s1, s2 = (s[0] + pos + s[1:] if g.shape[0] == n else pos + s[1:]
+              for s, pos, g, n in ((sa, p, g1, n1), (sb, q, g2, n2)))
     g1, g2 = (g if g.shape[0] == n else g[0] for g, n in ((g1, n1), (g2, n2)))
-    return jnp.einsum(f"{s1}{c}{p},{s2}{c}{q},{sa[0]}{k}{p},{sb[0]}{k}{q}->{out}",
+    return jnp.einsum(f"{s1}{c},{s2}{c},{sa[0]}{p}{k},{sb[0]}{q}{k}->{out}",
                       g1, g2, x1, x2, precision=_HIGHEST, optimize="optimal") / scale
 
 
@@ -369,8 +371,7 @@ def structured_strategy(model, params, x1, x2, axes, by_layer):
                 if node.key(p) not in params:
                     continue
                 r2 = rule2[p]
-                g1, g2 = r1.rows(_flat_out(gs1[j], axes)), r2.rows(_flat_out(gs2[j], axes))
-                g1, g2 = (_unflat_out(g, gs[j], axes) for g, gs in ((g1, gs1), (g2, gs2)))
+                g1, g2 = _rows(r1, gs1[j], axes), _rows(r2, gs2[j], axes)
                 parts.setdefault(node.name, []).append(_outer_contribution(
                     (g1, r1.patches, n1), (g2, r2.patches, n2), axes))
                 done.add(node.key(p))
@@ -382,13 +383,10 @@ def structured_strategy(model, params, x1, x2, axes, by_layer):
     return _sum_groups(parts, by_layer)
 
 
-def _flat_out(g: jax.Array, axes: Axes) -> jax.Array:
-    """``(N, *out, *y) -> (N * prod(out), *y)``: a batch of cotangents for ``Outer.rows``."""
-    return g.reshape(-1, *g.shape[axes.out_ndim:])
-
-
-def _unflat_out(rows: jax.Array, g: jax.Array, axes: Axes) -> jax.Array:
-    return rows.reshape(*g.shape[:axes.out_ndim], *rows.shape[1:])
+def _rows(rule, g: jax.Array, axes: Axes) -> jax.Array:
+    """``rule.rows`` of cotangents ``g (N, *out, *y)``, as ``(N, P, *out, C)``."""
+    rows = rule.rows(g.reshape(-1, *g.shape[axes.out_ndim:]))  # (N * prod(out), P, C)
+    return jnp.moveaxis(rows.reshape(*g.shape[:axes.out_ndim], *rows.shape[1:]), -2, 1)
 
 
 _STRATEGY_FNS = {"jacobian": jacobian_strategy, "ntvp": ntvp_strategy,

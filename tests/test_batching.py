@@ -188,3 +188,24 @@ def test_empirical_and_monte_carlo_batching_invariance(data, batch_size, device_
     torch.testing.assert_close(ntbridge.monte_carlo(model, x1, x2, n_samples=2, get="nngp",
                                                     **tiles).mean, mc.mean, rtol=1e-10,
                                atol=1e-12 * mc.mean.abs().max().item())
+
+def test_cpu_compiler_options_keep_convolutions_off_ynnpack(monkeypatch):
+    """On CPUs the programs are compiled with ntbridge's XLA options (convolutions stay XLA's own);
+    an XLA that rejects them compiles without options; other platforms get none."""
+    import jax
+
+    from ntbridge import batching
+    conv = jax.jit(lambda x, w: jax.lax.conv_general_dilated(
+        x, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+        compiler_options=batching.compiler_options("cpu"))
+    x, w = jax.numpy.ones((2, 8, 8, 32)), jax.numpy.ones((3, 3, 32, 32))
+    assert batching.compiler_options("cpu") == batching.CPU_COMPILER_OPTIONS
+    assert "ynn_fusion" not in conv.lower(x, w).compile().as_text()
+    assert batching.compiler_options("gpu") == {}
+    monkeypatch.setattr(batching, "CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": "1"})
+    batching.compiler_options.cache_clear()
+    try:
+        assert batching.compiler_options("cpu") == {}
+    finally:
+        monkeypatch.undo()
+        batching.compiler_options.cache_clear()

@@ -111,11 +111,11 @@ def test_conv_structure_is_the_weight_gradient(name):
         grads = jax.grad(lambda p: jnp.vdot(g, conv.apply_fn(p, x)))(params)
         rules = conv.structure(params, x)
         assert set(rules) == set(params)
-        weight = jnp.einsum("ncp,nkp->ck", rules["weight"].rows(g), rules["weight"].patches)
+        weight = jnp.einsum("npc,npk->ck", rules["weight"].rows(g), rules["weight"].patches)
         expected = jnp.moveaxis(grads["weight"], 1, -1).reshape(weight.shape)  # (out, J, in / G)
         assert jnp.allclose(weight, expected, rtol=1e-12, atol=1e-12)
         if "bias" in params:
-            assert jnp.allclose(rules["bias"].rows(g).sum((0, 2)), grads["bias"], rtol=1e-12)
+            assert jnp.allclose(rules["bias"].rows(g).sum((0, 1)), grads["bias"], rtol=1e-12)
 
 
 def test_cnn_structured_matches_torch_func_by_layer():

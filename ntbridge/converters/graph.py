@@ -102,8 +102,8 @@ _COMPILED_LOCK = threading.RLock()  # threads share the cache: one build per key
 
 
 def compiled(key: tuple, build) -> Any:
-    """The compiled function cached under ``key``, built by ``build()`` on first use (LRU-bounded;
-    thread-safe)."""
+    """The compiled function (or other traced result, e.g. an output shape) cached under ``key``,
+    built by ``build()`` on first use (LRU-bounded; thread-safe)."""
     with _COMPILED_LOCK:
         if key in _COMPILED:
             _COMPILED[key] = _COMPILED.pop(key)  # most recently used last
@@ -178,10 +178,13 @@ class Graph:
 
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The output shape for inputs of ``input_shape``; raises ShapeError if they do not fit."""
-        result = []
-        init = lambda key: result.append(self.network.init_fn(key, tuple(input_shape))[0])
-        jax.eval_shape(init, jax.random.key(0))
-        return result[0]
+        def trace():  # cached per architecture and shape: tracing it takes milliseconds per call
+            result = []
+            init = lambda key: result.append(self.network.init_fn(key, tuple(input_shape))[0])
+            jax.eval_shape(init, jax.random.key(0))
+            return result[0]
+
+        return compiled(("output_shape", self.signature, tuple(input_shape)), trace)
 
     def kernel_fn(self, x1: jax.Array, x2: jax.Array | None = None,
                   get: str | tuple[str, ...] = KERNEL_NAMES):

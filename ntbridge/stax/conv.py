@@ -12,12 +12,12 @@ over its own i.i.d. channels.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import InputError, ShapeError
 from .kernel import Kernel, map_arrays, spatial_axes
@@ -77,19 +77,23 @@ def window_reduce(a: jax.Array, axes: tuple[int, ...], size: int, stride: int, d
 
 def window_patches(x: jax.Array, size: tuple[int, ...], stride: tuple[int, ...],
                    dilation: tuple[int, ...]) -> jax.Array:
-    """``(N, C, *S) -> (N, prod(size), C, *S_out)``: the (dilated) windows of ``x`` taken every
-    ``stride``, offsets in row-major order; strided slices, no arithmetic. Offsets before channels:
-    each window is then written as one contiguous block, not interleaved with the others.
+    """``(N, C, *S) -> (N, P, prod(size), C)``: the (dilated) windows of ``x`` taken every
+    ``stride`` at the ``P = prod(S_out)`` output positions (row-major), offsets in row-major order.
+    Channels last, as convolutions lay out their outputs: one gather of runs of ``C`` contiguous
+    values, at fixed indices.
 
     Example:
         >>> window_patches(jnp.ones((2, 3, 8, 8)), (3, 3), (1, 1), (1, 1)).shape
-        (2, 9, 3, 6, 6)
+        (2, 36, 9, 3)
     """
-    spatial = [window_count(*dims, (0, 0)) for dims in zip(x.shape[2:], size, stride, dilation)]
-    windows = [jax.lax.slice(x, (0, 0, *starts), (*x.shape[:2], *(
-        s + (n - 1) * st + 1 for s, n, st in zip(starts, spatial, stride))), (1, 1, *stride))
-        for starts in itertools.product(*(range(0, d * k, d) for k, d in zip(size, dilation)))]
-    return jnp.stack(windows, axis=1)
+    spatial = x.shape[2:]
+    counts = [window_count(*dims, (0, 0)) for dims in zip(spatial, size, stride, dilation)]
+    starts = np.stack(np.meshgrid(*(np.arange(n) * st for n, st in zip(counts, stride)),
+                                  indexing="ij"), -1).reshape(-1, 1, len(spatial))
+    offsets = np.stack(np.meshgrid(*(np.arange(k) * d for k, d in zip(size, dilation)),
+                                   indexing="ij"), -1).reshape(1, -1, len(spatial))
+    index = np.ravel_multi_index(tuple(np.moveaxis(starts + offsets, -1, 0)), spatial)  # (P, J)
+    return jnp.moveaxis(x, 1, -1).reshape(x.shape[0], -1, x.shape[1])[:, index]
 
 
 def check_spatial_input(input_shape, channels: int | None, ndim: int) -> None:
@@ -183,18 +187,18 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
         x, conv_pads = padded(x)
         patches = window_patches(jnp.pad(x, [(0, 0), (0, 0), *conv_pads]), kernel_size, stride,
                                  dilation)
-        n, offsets, positions = x.shape[0], patches.shape[1], math.prod(patches.shape[3:])
-        patches = patches.reshape(n, offsets, groups, -1, positions).transpose(
-            0, 1, 3, 2, 4)  # (N, J, C / G, G, P)
-        rows = lambda g: g.reshape(g.shape[0], out_channels, -1)  # (M, C_out, P)
-        mask = jnp.repeat(jnp.eye(groups, dtype=x.dtype), out_channels // groups, axis=0)
+        n, positions, offsets = patches.shape[:3]
+        patches = patches.reshape(n, positions, offsets, groups, -1).transpose(
+            0, 3, 1, 2, 4)  # (N, G, P, J, C / G)
+        rows = lambda g: jnp.moveaxis(g, 1, -1).reshape(g.shape[0], -1, out_channels)  # (M, P, C)
+        mask = jnp.repeat(jnp.eye(groups, dtype=x.dtype), out_channels // groups, axis=1)
 
-        def group_rows(g):  # (M, C_out, G * P)
+        def group_rows(g):  # (M, G * P, C_out)
             g = rows(g)
-            return g if groups == 1 else (mask[None, :, :, None] * g[:, :, None]).reshape(
-                *g.shape[:2], -1)
+            return g if groups == 1 else (mask[None, :, None] * g[:, None]).reshape(
+                g.shape[0], -1, out_channels)
 
-        outer = {"weight": Outer(patches.reshape(n, -1, groups * positions), group_rows)}
+        outer = {"weight": Outer(patches.reshape(n, groups * positions, -1), group_rows)}
         return {**outer, "bias": Outer(None, rows)} if has_bias else outer
 
     return Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True)

@@ -33,11 +33,12 @@ class Outer(NamedTuple):
     """How a layer's output ``y`` depends on one parameter ``w``: a sum of outer products.
 
     For a cotangent ``g`` of ``y`` (shape ``(N, *y)``), the gradient of ``<g, y>`` w.r.t. ``w`` is,
-    up to a fixed reshape/permutation of ``w``, ``sum_p outer(rows(g)[n, :, p], patches[n, :, p])``:
-    ``rows(g)`` is ``(N, C, P)`` and ``patches`` ``(N, K, P)`` over ``P`` positions (positions last,
-    where matrix products want the summed axis). ``patches=None`` stands for all-ones (``K = 1``: a
-    bias). Linear: ``P`` = the leading axes, ``patches`` the inputs. Conv: ``P`` = output positions,
-    ``patches`` the input patches ``(N, C_in * prod(kernel), P)``, ``rows(g)`` the cotangent.
+    up to a fixed reshape/permutation of ``w``, ``sum_p outer(rows(g)[n, p], patches[n, p])``:
+    ``rows(g)`` is ``(N, P, C)`` and ``patches`` ``(N, P, K)`` over ``P`` positions (positions
+    first, channels last: the layout convolutions produce, so no operand is transposed across its
+    channels). ``patches=None`` stands for all-ones (``K = 1``: a bias). Linear: ``P`` = the leading
+    axes, ``patches`` the inputs. Conv: ``P`` = output positions, ``patches`` the input patches
+    ``(N, P, prod(kernel) * C_in)``, ``rows(g)`` the cotangent.
     """
 
     patches: jax.Array | None
@@ -136,7 +137,7 @@ def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | N
             is_gaussian=True)
 
     def structure(params, x):
-        rows = lambda g: jnp.swapaxes(g.reshape(g.shape[0], -1, g.shape[-1]), 1, 2)
+        rows = lambda g: g.reshape(g.shape[0], -1, g.shape[-1])
         outer = {"weight": Outer(rows(x), rows)}
         return {**outer, "bias": Outer(None, rows)} if has_bias else outer
 
