@@ -1,23 +1,26 @@
 """ntbridge benchmarks: ratios measured side by side in one process (absolute times drift).
 
 Run: python benchmarks/run.py [--quick] [--empirical-only] [--device cuda]
+
+JAX sees one CPU device, as in a user's process; the device-scaling rows run in a child process
+with four CPU devices (sharing the cores).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import jax
+import torch
+from torch import nn
 
-jax.config.update("jax_num_cpu_devices", 4)  # for the device-scaling rows (CPU devices share cores)
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-import ntbridge  # noqa: E402
-from ntbridge.dlpack import shares_memory, to_jax, to_torch  # noqa: E402
+import ntbridge
+from ntbridge.dlpack import shares_memory, to_jax, to_torch
 
 
 def finish(result) -> None:
@@ -97,7 +100,8 @@ def tiling_overhead(name: str, model: nn.Module, x: torch.Tensor) -> None:
 
 
 def device_scaling(n: int) -> None:
-    """The same tiled kernel over 1, 2 and 4 devices (on CPU the devices share the cores)."""
+    """The same tiled kernel over 1, 2 and 4 devices (on CPU the devices share the cores); run
+    by a child process (``--device-scaling N``) that sees four CPU devices."""
     x, model = torch.randn(n, 784), fc_model()
     times = {d: best_time(lambda: ntbridge.kernel(model, x, batch_size=n // 4, device_count=d), 3)
              for d in (1, 2, 4)}
@@ -267,7 +271,10 @@ def analytic_rows(n: int, quick: bool) -> None:
     dlpack_handoff(n)
     tiling_overhead("FC", fc_model(), torch.randn(n, 784))
     tiling_overhead("CNN Flatten 8x8", _cnn("Flatten", 8), torch.randn(n // 8, 3, 8, 8))
-    device_scaling(n)
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    sys.stdout.flush()  # the child's rows come after this process's
+    subprocess.run([sys.executable, __file__, "--device-scaling", str(n)], check=True,
+                   env={**os.environ, "XLA_FLAGS": flags})
     cnn_kernels(64 if quick else 256, 8 if quick else 32)
 
 
@@ -277,7 +284,11 @@ def main() -> None:
     parser.add_argument("--empirical-only", action="store_true", help="the empirical NTK rows only")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the empirical NTK rows put the torch model and inputs")
+    parser.add_argument("--device-scaling", type=int, metavar="N", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device_scaling:  # the child process of analytic_rows
+        device_scaling(args.device_scaling)
+        return
     # ntbridge computes float32 in full precision (XLA's HIGHEST): so does torch, for a fair race
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     n = 512 if args.quick else 2048
