@@ -35,10 +35,10 @@ class Outer(NamedTuple):
     For a cotangent ``g`` of ``y`` (shape ``(N, *y)``), the gradient of ``<g, y>`` w.r.t. ``w`` is,
     up to a fixed reshape/permutation of ``w``, ``sum_p outer(rows(g)[n, p], patches[n, p])``:
     ``rows(g)`` is ``(N, P, C)`` and ``patches`` ``(N, P, K)`` over ``P`` positions (positions
-    first, channels last: the layout convolutions produce, so no operand is transposed across its
-    channels). ``patches=None`` stands for all-ones (``K = 1``: a bias). Linear: ``P`` = the leading
-    axes, ``patches`` the inputs. Conv: ``P`` = output positions, ``patches`` the input patches
-    ``(N, P, prod(kernel) * C_in)``, ``rows(g)`` the cotangent.
+    first, channels last, as XLA lays out convolutions' outputs). ``patches=None`` stands for
+    all-ones (``K = 1``: a bias). Linear: ``P`` = the leading axes, ``patches`` the inputs. Conv:
+    ``P`` = output positions, ``patches`` the input patches ``(N, P, prod(kernel) * C_in)``,
+    ``rows(g)`` the cotangent.
     """
 
     patches: jax.Array | None
