@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .empirical import IMPLEMENTATIONS
 from .errors import NtbridgeError
 
 BAD_INPUT = 2
@@ -302,8 +303,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PATH", help="write a log-log plot (PNG; needs matplotlib)")
     p.add_argument("--csv", metavar="PATH", help="write the results as CSV")
     p.add_argument("--parameterization", choices=("standard", "ntk"), default="standard")
-    p.add_argument("--implementation", default="auto",
-                   choices=("auto", "jacobian", "ntvp", "structured"),
+    p.add_argument("--implementation", default="auto", choices=IMPLEMENTATIONS,
                    help="of the empirical NTK (default auto)")
     p.set_defaults(run=sweep)
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
-from .conv import as_tuple, check_spatial_input, window_reduce
+from .conv import as_tuple, check_spatial_input, window_count, window_reduce
 from .kernel import Kernel, map_arrays, spatial_axes
 from .layers import Layer
 
@@ -26,8 +26,8 @@ Matrices = Callable[[tuple[int, ...]], list[np.ndarray]]
 def pool_count(length: int, size: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
     """torch's pooling output length; in ceil mode the last window must start inside the input
     or its left padding."""
-    span = length + 2 * pad - dilation * (size - 1) - 1
-    count = (-(-span // stride) if ceil_mode else span // stride) + 1
+    # ceil mode rounds the window count up: stride - 1 more positions on the right
+    count = window_count(length, size, stride, dilation, (pad, pad + (stride - 1) * ceil_mode))
     return count - 1 if ceil_mode and (count - 1) * stride >= length + pad else count
 
 
