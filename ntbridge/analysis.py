@@ -232,13 +232,13 @@ def analytic_ntk_by_layer(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor |
 
 
 def _analytic(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, parameterization: str):
-    """``(nngp, ntk, {name: contribution} or None for graphs that are not chains)``."""
+    """``(nngp, ntk, {name: contribution} or None for graphs that are not chains, graph)``."""
     dtype, x2 = _check_inputs(x1, x2)
     with precision(dtype):
         graph = convert(model, parameterization=parameterization)
         if not _is_chain(graph):
             k = kernel(model, x1, x2, parameterization=parameterization)
-            return k.nngp, k.ntk, None
+            return k.nngp, k.ntk, None, graph
         a1, a2 = _inputs(graph, x1, x2)
         graph.check_init()
         owners = tuple(n.index for n in graph.layers if n.param_names)
@@ -246,7 +246,7 @@ def _analytic(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, param
             graph.network.full_spatial, tuple(n.layer for n in graph.layers), owners))
         nngp, parts = fn(a1, a2)
         parts = {graph.layers[j].name: to_torch(p) for j, p in zip(owners, parts)}
-        return to_torch(nngp), sum(parts.values()), parts
+        return to_torch(nngp), sum(parts.values()), parts, graph
 
 
 def _suffix_fn(full_spatial: bool, layers: tuple, owners: tuple[int, ...]) -> Callable:
@@ -360,8 +360,7 @@ def width_sweep(build: Callable[[int], nn.Module], widths: Sequence[int], x1: to
                                      f"{type(model).__name__}.")
             model = model.to(x1.dtype) if x1.is_floating_point() else model
             if s == 0:
-                graph = convert(model, parameterization=parameterization)
-                nngp, ntk, layers = _analytic(model, x1, x2, parameterization)
+                nngp, ntk, layers, graph = _analytic(model, x1, x2, parameterization)
                 factors = (_ntk_parameterization_factors(graph) if parameterization == "ntk"
                            else {n.name: 1.0 for n in graph.layers if n.param_names})
                 layer_reference = "analytic" if layers is not None else SEED_SPREAD
