@@ -203,7 +203,7 @@ def empirical_cnn(repeats: int, device: str) -> None:
 
 def cpu_convolution(batch: int) -> None:
     """XLA's CPU convolutions with its default options (YNNPACK) vs ntbridge's (XLA's own): a
-    batch of 3x3 convolutions of 28x28 maps of 32 channels, as in the CNN's backward passes."""
+    batch of 3x3, 32-channel convolutions of 28x28 maps, the size of the tutorial CNN's."""
     from ntbridge.batching import compiler_options
     conv = lambda x, w: jax.lax.conv_general_dilated(
         x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC"),

@@ -189,6 +189,7 @@ def test_empirical_and_monte_carlo_batching_invariance(data, batch_size, device_
                                                     **tiles).mean, mc.mean, rtol=1e-10,
                                atol=1e-12 * mc.mean.abs().max().item())
 
+
 def test_cpu_compiler_options_keep_convolutions_off_ynnpack(monkeypatch):
     """On CPUs the programs are compiled with ntbridge's XLA options (convolutions stay XLA's own);
     an XLA that rejects them compiles without options; other platforms get none."""
