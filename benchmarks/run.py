@@ -137,7 +137,7 @@ def peak_memory(model: nn.Module, x1, x2, trace_axes, impl: str) -> int | None:
     from ntbridge.empirical import empirical_ntk_fn
     graph = ntbridge.convert(model)
     a1, a2 = to_jax(x1), None if x2 is None else to_jax(x2)
-    run, _, _ = empirical_ntk_fn(graph, impl).plan(graph.params, a1, a2, trace_axes=trace_axes)
+    run = jax.jit(empirical_ntk_fn(graph, impl).plan(graph.params, a1, a2, trace_axes=trace_axes)[0])
     try:
         m = run.lower((graph.params, None), a1, a2).compile().memory_analysis()
     except jax.errors.JaxRuntimeError as e:
@@ -204,7 +204,7 @@ def empirical_cnn(repeats: int, device: str) -> None:
 def cpu_convolution(batch: int) -> None:
     """XLA's CPU convolutions with its default options (YNNPACK) vs ntbridge's (XLA's own): a
     batch of 3x3, 32-channel convolutions of 28x28 maps, the size of the tutorial CNN's."""
-    from ntbridge.batching import compiler_options
+    from ntbridge.devices import compiler_options
     conv = lambda x, w: jax.lax.conv_general_dilated(
         x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC"),
         precision=jax.lax.Precision.HIGHEST)

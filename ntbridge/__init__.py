@@ -8,12 +8,12 @@ Example:
     torch.Size([8, 8])
 """
 
-from . import analysis, batching, errors, predict, stax, testing
+from . import analysis, errors, predict, programs, stax, testing, tiling
 from .api import Estimate, empirical_nngp, empirical_ntk, kernel, monte_carlo, nngp, ntk
 from .converters import Graph, Kernels, convert
 from .converters import register as register_converter
 
 __version__ = "0.1.0"
 
-__all__ = ["Estimate", "Graph", "Kernels", "analysis", "batching", "convert", "monte_carlo", "predict", "testing", "empirical_nngp", "empirical_ntk", "errors", "kernel",
-           "nngp", "ntk", "register_converter", "stax"]
+__all__ = ["Estimate", "Graph", "Kernels", "analysis", "convert", "monte_carlo", "predict", "programs", "testing", "empirical_nngp", "empirical_ntk", "errors", "kernel",
+           "nngp", "ntk", "register_converter", "stax", "tiling"]

@@ -37,19 +37,17 @@ import io
 import math
 from typing import Callable, NamedTuple, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 from torch import nn
 
-from .api import _check_inputs, _inputs, empirical_ntk, kernel
-from .converters import Graph, convert
-from .converters.graph import compiled
-from .dlpack import precision, to_torch
+from .api import empirical_ntk
+from .converters import Graph
 from .errors import InputError, InputTypeError
+from .pipeline import Request, run
 from .stax import input_kernel
-from .stax.kernel import symmetrize
+from .tiling import Task
 
 SEED_SPREAD = "seed spread"
 
@@ -233,42 +231,41 @@ def analytic_ntk_by_layer(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor |
 
 def _analytic(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, parameterization: str):
     """``(nngp, ntk, {name: contribution} or None for graphs that are not chains, graph)``."""
-    dtype, x2 = _check_inputs(x1, x2)
-    with precision(dtype):
-        graph = convert(model, parameterization=parameterization)
-        if not _is_chain(graph):
-            k = kernel(model, x1, x2, parameterization=parameterization)
-            return k.nngp, k.ntk, None, graph
-        a1, a2 = _inputs(graph, x1, x2)
+    def task(graph, x1, x2):
         graph.check_init()
+        if not _is_chain(graph):
+            return graph.analytic_task(("nngp", "ntk")), None
         owners = tuple(n.index for n in graph.layers if n.param_names)
-        fn = compiled(("analytic_by_layer", graph.signature, owners), lambda: _suffix_fn(
-            graph.network.full_spatial, tuple(n.layer for n in graph.layers), owners))
-        nngp, parts = fn(a1, a2)
-        parts = {graph.layers[j].name: to_torch(p) for j, p in zip(owners, parts)}
-        return to_torch(nngp), sum(parts.values()), parts, graph
+        return Task(("analytic_by_layer", graph.signature, owners), _suffix_fn(graph, owners),
+                    graph.perm), owners
+
+    result, owners, graph = run(Request(model, x1, x2, task,
+                                        conversion=dict(parameterization=parameterization)))
+    if owners is None:
+        return result.nngp, result.ntk, None, graph
+    nngp, parts = result
+    parts = {graph.layers[j].name: p for j, p in zip(owners, parts)}
+    return nngp, sum(parts.values()), parts, graph
 
 
-def _suffix_fn(full_spatial: bool, layers: tuple, owners: tuple[int, ...]) -> Callable:
-    """Jitted ``(x1, x2) -> (nngp, [contribution of layer j for j in owners])`` (see module doc)."""
+def _suffix_fn(graph: Graph, owners: tuple[int, ...]) -> Callable:
+    """``fn(args, x1, x2) -> (nngp, [contribution of layer j for j in owners])`` (see module doc)."""
+    layers = tuple(n.layer for n in graph.layers)
 
     def suffix(k, start):
         for i, layer in enumerate(layers):
             if i == start:
                 k = k.replace(ntk=jnp.zeros_like(k.ntk))
             k = layer.kernel_fn(k)
-        if k.x1_is_x2:
-            k = k.replace(nngp=symmetrize(k.nngp, k.diagonal_spatial),
-                          ntk=symmetrize(k.ntk, k.diagonal_spatial))
         return k
 
-    def fn(x1, x2):
-        k0 = input_kernel(x1, x2, compute_ntk=True, diagonal_spatial=not full_spatial)
+    def fn(args, x1, x2):
+        k0 = input_kernel(x1, x2, compute_ntk=True, diagonal_spatial=not graph.network.full_spatial)
         kernels = [suffix(k0, j) for j in owners]
         sums = [k.ntk for k in kernels] + [jnp.zeros_like(kernels[0].ntk)]
         return kernels[0].nngp, [a - b for a, b in zip(sums, sums[1:])]
 
-    return jax.jit(fn)
+    return fn
 
 
 def _readout_nngp(model: nn.Module, graph: Graph, x1: torch.Tensor,

@@ -1,5 +1,7 @@
 """The torch-facing entry points: torch model and tensors in, torch tensors out.
 
+Each builds a :class:`~ntbridge.pipeline.Request` and runs it through :mod:`ntbridge.pipeline`.
+
 Conventions (see each function):
 
 * Results are on the device of ``x1`` and in its dtype: float64 inputs give float64 kernels
@@ -11,78 +13,21 @@ Conventions (see each function):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import NamedTuple, Sequence
 
-import jax
-import numpy as np
-import torch
 from torch import nn
+import torch
 
-from . import batching
-from .converters import Graph, Kernels, convert
-from .converters.graph import compiled
+from .converters import Kernels
 from .converters.registry import StdOption
-from .dlpack import kernel_dtype, precision, to_jax, to_torch
-from .empirical import (IMPLEMENTATIONS, Axes, empirical_nngp_fn, empirical_ntk_fn, int_tuple,
-                        normalize_axes, swap_x1_x2)
-from .errors import InputError, InputTypeError, ShapeError
+from .dlpack import abstract
+from .empirical import IMPLEMENTATIONS, int_tuple, nngp_task, ntk_task
+from .errors import InputError, InputTypeError
 # imported before ntbridge/__init__ binds the name ``monte_carlo`` to the function below
-from .monte_carlo import Moments, sample_range_fn
-from .stax.kernel import swap
-
-
-def _torch_result(a) -> torch.Tensor:
-    """A result handed to torch without a copy: JAX arrays by DLPack, host arrays and memory maps
-    by ``torch.from_numpy``."""
-    return torch.from_numpy(a) if isinstance(a, np.ndarray) else to_torch(a)
-
-
-def _check_inputs(x1: torch.Tensor, x2: torch.Tensor | None) -> tuple[torch.dtype, torch.Tensor | None]:
-    """Validate x1 and x2; return the kernel dtype and x2 in that dtype."""
-    dtype = kernel_dtype(x1, "x1")
-    for name, x in (("x1", x1), ("x2", x2)):
-        if x is None:
-            continue
-        kernel_dtype(x, name)
-        if x.ndim < 2:
-            raise ShapeError(f"{name} has shape {tuple(x.shape)}; inputs are batched, (N, ...): "
-                             f"for a single example pass {name}[None].")
-        if x.shape[0] == 0:
-            raise InputError(f"{name} is an empty batch (shape {tuple(x.shape)}); pass at least one "
-                             f"example.")
-        if x.numel() == 0:
-            raise ShapeError(f"{name} has zero-size examples (shape {tuple(x.shape)}); every "
-                             f"example needs at least one entry.")
-    if x2 is not None:
-        if x2.shape[1:] != x1.shape[1:]:
-            raise ShapeError(f"x1 and x2 must have the same shape per example, got x1 "
-                             f"{tuple(x1.shape)} and x2 {tuple(x2.shape)}.")
-        if x2.device != x1.device:
-            raise InputError(f"x1 is on {x1.device} and x2 on {x2.device}; move them to one device.")
-        x2 = x2.to(dtype) if x2.dtype != x1.dtype else x2
-    return dtype, x2
-
-
-def _inputs(graph: Graph, x1: torch.Tensor, x2: torch.Tensor | None):
-    """x1, x2 as JAX arrays, after checking they fit the model."""
-    arrays = []
-    for name, x in (("x1", x1), ("x2", x2)):
-        if x is None:
-            arrays.append(None)
-            continue
-        a = to_jax(x, name)
-        if not bool(jax.numpy.isfinite(a).all()):
-            raise InputError(f"{name} contains NaN or Inf; kernels of non-finite inputs are "
-                             f"undefined. Clean the data first (e.g. torch.nan_to_num, or drop those "
-                             f"examples).")
-        try:
-            graph.output_shape(a.shape)
-        except ShapeError as e:
-            raise ShapeError(f"{name} of shape {tuple(x.shape)} does not fit the model: {e}") from None
-        arrays.append(a)
-    return arrays
+from .monte_carlo import Moments, sample_task
+from .pipeline import Request, platform, run
+from .tiling import Batching
 
 
 def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
@@ -101,7 +46,7 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
       parameterization, init, W_std, b_std: see ``ntbridge.convert``.
       batch_size, device_count, store_on_device, progress, out: tiling over (N1, N2), devices,
         where the result is kept, a progress bar, and a ``.npy`` file to write it to (resumable);
-        see ``ntbridge.batching.Batching``.
+        see ``ntbridge.tiling.Batching``.
 
     Returns:
       ``(N1, N2)`` kernels per output unit (the full kernel is ``K ⊗ I``), on x1's device (on the
@@ -116,22 +61,17 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
     names = (get,) if isinstance(get, str) else tuple(get)
     if not names or any(n not in ("nngp", "ntk") for n in names):
         raise InputError(f"get must be 'nngp', 'ntk' or a sequence of them, got {get!r}.")
-    dtype, x2 = _check_inputs(x1, x2)
-    options = batching.Batching(batch_size, device_count, store_on_device, progress, out)
     get = get if isinstance(get, str) else names
-    with precision(dtype):
-        graph = convert(model, parameterization=parameterization, init=init, W_std=W_std,
-                        b_std=b_std)
-        a1, a2 = _inputs(graph, x1, x2)
+
+    def task(graph, x1, x2):
         graph.check_init()
-        fn = compiled(("analytic", graph.signature, get), lambda: functools.partial(
-            lambda kernel_fn, args, t1, t2: kernel_fn(t1, t2, get=get), graph._compiled_kernel))
-        diagonal = not graph.network.full_spatial
-        result = batching.compute(fn, a1, a2, options, swap=lambda a: swap(a, diagonal),
-                                  describe=("analytic", get, repr(graph.signature)))
-    if isinstance(get, str):
-        return _torch_result(result)
-    return Kernels(*(None if v is None else _torch_result(v) for v in result))
+        return graph.analytic_task(get), None
+
+    result, _, _ = run(Request(model, x1, x2, task,
+                               Batching(batch_size, device_count, store_on_device, progress, out),
+                               dict(parameterization=parameterization, init=init, W_std=W_std,
+                                    b_std=b_std)))
+    return result if isinstance(get, str) else Kernels(*result)
 
 
 def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, **opts) -> torch.Tensor:
@@ -152,62 +92,27 @@ def nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, **o
     return kernel(model, x1, x2, "nngp", **opts)
 
 
-def _batch_statistics(graph: Graph) -> list[str]:
-    """The modules whose output for one example depends on the others in the batch."""
-    return [n.where for n in graph.layers
-            if isinstance(n.module, nn.modules.batchnorm._BatchNorm)
-            and (n.module.training or n.module.running_mean is None)]
+def _examples_interact(model: nn.Module) -> bool:
+    """Whether an example's output depends on the others in the batch (BatchNorm using batch
+    statistics)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+               and (m.training or m.running_mean is None) for m in model.modules())
 
 
-def _empirical(which: str, model: nn.Module, x1, x2, trace_axes, diagonal_axes,
-               implementation: str = "auto", by_layer: bool = False, return_info: bool = False,
-               **batching_options):
-    if implementation not in IMPLEMENTATIONS:
-        raise InputError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}.")
-    dtype, x2 = _check_inputs(x1, x2)
-    options = batching.Batching(**batching_options)
-    with precision(dtype):
-        graph = convert(model)
-        trainable = {n.key(p) for n in graph.layers for p, _ in n.module.named_parameters(recurse=False)}
-        params = {k: v for k, v in graph.params.items() if k in trainable}
-        state = {k: v for k, v in graph.params.items() if k not in trainable}
-        if which == "ntk" and not params:
-            raise InputError("the model has no parameters, so its empirical NTK is undefined; "
-                             "use ntbridge.empirical_nngp, or the analytic ntbridge.ntk.")
-        model_dtype = {p.dtype for p in params.values()}
-        if model_dtype and model_dtype != {jax.numpy.dtype(str(dtype).removeprefix("torch."))}:
-            raise InputTypeError(f"the model's parameters are {model_dtype.pop()} but x1 is "
-                                 f"{x1.dtype}; convert one to the other, e.g. model.to({x1.dtype}).")
-        a1, a2 = _inputs(graph, x1, x2)
-        interact = bool(_batch_statistics(graph))
-        if interact:
-            if options.batch_size or options.device_count not in (-1, 1):
-                raise InputError("the model's examples interact (BatchNorm using batch statistics), "
-                                 "so its kernel cannot be tiled; drop batch_size and device_count, "
-                                 "or put the model in eval mode (model.eval()).")
-            options = dataclasses.replace(options, batch_size=0, device_count=1)
-        axes_options = dict(trace_axes=int_tuple(trace_axes, "trace_axes"),
-                            diagonal_axes=int_tuple(diagonal_axes, "diagonal_axes"))
-        if which == "ntk":
-            dispatch = compiled(("empirical_ntk", implementation, interact, graph.signature),
-                                lambda: empirical_ntk_fn(graph, implementation,
-                                                         examples_interact=interact))
-            run, info, axes = dispatch.plan(params, a1, a2, by_layer=by_layer, state=state,
-                                            **axes_options)
-            args = (params, state)
-        else:
-            nngp_fn = compiled(("empirical_nngp", interact, graph.signature),
-                               lambda: empirical_nngp_fn(graph.apply_fn, examples_interact=interact))
-            run = compiled(("empirical_nngp_run", interact, graph.signature, *axes_options.values()),
-                           lambda: lambda args, t1, t2: nngp_fn(args, t1, t2, **axes_options))
-            out_ndim = len(graph.output_shape(a1.shape))
-            info, axes = None, Axes(out_ndim, *normalize_axes(*axes_options.values(), out_ndim))
-            args = graph.params
-        k = batching.compute(run, a1, a2, options, args=args, swap=lambda v: swap_x1_x2(v, axes),
-                             describe=(which, implementation, by_layer, axes, repr(graph.signature),
-                                       *jax.tree.leaves(args)))
-    k = {name: _torch_result(v) for name, v in k.items()} if by_layer else _torch_result(k)
-    return (k, info) if return_info else k
+def _empirical_batching(model: nn.Module, options: dict) -> tuple[Batching, bool]:
+    batching, interact = Batching(**options), _examples_interact(model)
+    if interact:
+        if batching.batch_size or batching.device_count not in (-1, 1):
+            raise InputError("the model's examples interact (BatchNorm using batch statistics), "
+                             "so its kernel cannot be tiled; drop batch_size and device_count, "
+                             "or put the model in eval mode (model.eval()).")
+        batching = Batching(0, 1, batching.store_on_device, batching.progress, batching.out)
+    return batching, interact
+
+
+def _axes(trace_axes, diagonal_axes) -> dict:
+    return dict(trace_axes=int_tuple(trace_axes, "trace_axes"),
+                diagonal_axes=int_tuple(diagonal_axes, "diagonal_axes"))
 
 
 def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *,
@@ -245,8 +150,15 @@ def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = 
         >>> info.implementation
         'structured'
     """
-    return _empirical("ntk", model, x1, x2, trace_axes, diagonal_axes, implementation, by_layer,
-                      return_info, **batching_options)
+    if implementation not in IMPLEMENTATIONS:
+        raise InputError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}.")
+    batching, interact = _empirical_batching(model, batching_options)
+    task = lambda graph, x1, x2: ntk_task(
+        graph, abstract(x1), None if x2 is None else abstract(x2), implementation=implementation,
+        by_layer=bool(by_layer), interact=interact, platform=platform(x1),
+        **_axes(trace_axes, diagonal_axes))
+    k, info, _ = run(Request(model, x1, x2, task, batching))
+    return (k, info) if return_info else k
 
 
 def empirical_nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *,
@@ -260,7 +172,10 @@ def empirical_nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None =
         >>> ntbridge.empirical_nngp(model, x1).shape
         torch.Size([20, 20])
     """
-    return _empirical("nngp", model, x1, x2, trace_axes, diagonal_axes, **batching_options)
+    batching, interact = _empirical_batching(model, batching_options)
+    task = lambda graph, x1, x2: nngp_task(graph, abstract(x1), None if x2 is None else abstract(x2),
+                                           interact=interact, **_axes(trace_axes, diagonal_axes))
+    return run(Request(model, x1, x2, task, batching))[0]
 
 
 class Estimate(NamedTuple):
@@ -312,30 +227,25 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
     if get not in ("ntk", "nngp"):
         raise InputError(f"get must be 'ntk' or 'nngp', got {get!r}.")
     counts = _sample_counts(n_samples)
-    dtype, x2 = _check_inputs(x1, x2)
-    options = batching.Batching(batch_size, device_count, store_on_device, progress)
-    axes = (int_tuple(trace_axes, "trace_axes"), int_tuple(diagonal_axes, "diagonal_axes"))
+    batching = Batching(batch_size, device_count, store_on_device, progress)
+    conversion = dict(init=init, W_std=W_std, b_std=b_std)
+    axes = _axes(trace_axes, diagonal_axes)
 
     def running():
         moments, done = None, 0
         for count in counts:
-            with precision(dtype):
-                graph = convert(model, init=init, W_std=W_std, b_std=b_std)
-                a1, a2 = _inputs(graph, x1, x2)
-                out_ndim = len(graph.output_shape(a1.shape))
-                fixed = Axes(out_ndim, *normalize_axes(*axes, out_ndim))
-                fn = compiled(("monte_carlo", graph.signature, get, seed, done, count, fixed),
-                              lambda: sample_range_fn(graph, get, seed, done, count,
-                                                      fixed.trace, fixed.diagonal))
-                mean, m2 = batching.compute(fn, a1, a2, options,
-                                            swap=lambda k: swap_x1_x2(k, fixed))
-                part = Moments(count - done, jax.numpy.asarray(mean), jax.numpy.asarray(m2))
-                moments = part if moments is None else moments.merge(part)
-                hand = lambda a: _torch_result(a if store_on_device else np.asarray(a))
-                estimate = Estimate(hand(moments.mean), hand(moments.standard_error), count)
+            task = functools.partial(_samples, get=get, seed=seed, start=done, count=count - done,
+                                     **axes)
+            (mean, m2), _, _ = run(Request(model, x1, x2, task, batching, conversion))
+            part = Moments(count - done, mean, m2)
+            moments = part if moments is None else moments.merge(part)
             done = count
-            yield estimate
+            yield Estimate(moments.mean, moments.standard_error, count)
 
     if isinstance(n_samples, int):
         return next(running())
     return running()
+
+
+def _samples(graph, x1, x2, **options):
+    return sample_task(graph, abstract(x1), **options)

@@ -57,7 +57,8 @@ def precision(dtype: torch.dtype) -> Iterator[None]:
         yield
 
 
-def _check_device(t: torch.Tensor, name: str) -> None:
+def check_device(t: torch.Tensor, name: str) -> None:
+    """InputError unless JAX has a backend for the device of ``t``."""
     if t.device.type == "cpu":
         return
     if t.device.type == "cuda" and any(d.platform == "gpu" for d in jax.devices()):
@@ -78,7 +79,7 @@ def to_jax(t: torch.Tensor, name: str = "tensor") -> jax.Array:
     Returns:
       A ``jax.Array`` of the same shape on the matching JAX device.
     """
-    _check_device(t, name)
+    check_device(t, name)
     t = t.detach()
     if t.dtype in _LOW_PRECISION:
         t = t.float()
@@ -100,3 +101,14 @@ def to_torch(a: jax.Array) -> torch.Tensor:
 def shares_memory(t: torch.Tensor, a: jax.Array) -> bool:
     """Whether torch tensor ``t`` and JAX array ``a`` start at the same address (no copy was made)."""
     return t.data_ptr() == a.unsafe_buffer_pointer()
+
+
+def abstract(t: torch.Tensor) -> jax.ShapeDtypeStruct:
+    """The shape and dtype of ``t`` as JAX sees them (in the current precision), without data.
+
+    Example:
+        >>> abstract(torch.ones(2, 3)).shape
+        (2, 3)
+    """
+    dtype = jax.numpy.dtype(str(t.dtype).removeprefix("torch."))
+    return jax.ShapeDtypeStruct(tuple(t.shape), jax.dtypes.canonicalize_dtype(dtype))

@@ -47,14 +47,16 @@ import dataclasses
 import functools
 import math
 import string
-import threading
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from .batching import platform_of
-from .errors import InputError
+from . import programs
+from .devices import platform_of
+from .errors import InputError, InputTypeError
+from .stax.kernel import symmetrize
+from .tiling import Task
 
 IMPLEMENTATIONS = ("auto", "jacobian", "ntvp", "structured")
 STRATEGIES = IMPLEMENTATIONS[1:]
@@ -121,6 +123,15 @@ class Axes:
         """The number of entries the traced axes average over."""
         return math.prod(out_shape[axis] for axis in self.trace)
 
+    def swap_perm(self, ndim: int) -> tuple[int, ...]:
+        """The axes permutation exchanging x1 and x2 in a kernel array of rank ``ndim``."""
+        kept = [a for a in range(1, self.out_ndim) if a not in self.trace]
+        paired = [i for i, a in enumerate(kept) if a not in self.diagonal]
+        perm = [1, 0] + list(range(2, 2 + len(kept))) + list(range(2 + len(kept), ndim))
+        for j, i in enumerate(paired):
+            perm[2 + i], perm[2 + len(kept) + j] = perm[2 + len(kept) + j], perm[2 + i]
+        return tuple(perm)
+
 
 def contract(a: jax.Array, b: jax.Array, axes: Axes) -> jax.Array:
     """Contract ``a (N1, *out, *rest)`` with ``b (N2, *out, *rest)`` over ``rest`` and the axes rules.
@@ -132,16 +143,6 @@ def contract(a: jax.Array, b: jax.Array, axes: Axes) -> jax.Array:
     rest = "".join(next(letters) for _ in range(a.ndim - axes.out_ndim))
     return jnp.einsum(f"{sa}{rest},{sb}{rest}->{out}", a, b,
                       precision=_HIGHEST) / axes.scale(a.shape[:axes.out_ndim])
-
-
-def swap_x1_x2(k: jax.Array, axes: Axes) -> jax.Array:
-    """The kernel with the roles of x1 and x2 exchanged (for exact symmetrisation)."""
-    kept = [a for a in range(1, axes.out_ndim) if a not in axes.trace]
-    paired = [i for i, a in enumerate(kept) if a not in axes.diagonal]
-    perm = [1, 0] + list(range(2, 2 + len(kept))) + list(range(2 + len(kept), k.ndim))
-    for j, i in enumerate(paired):
-        perm[2 + i], perm[2 + len(kept) + j] = perm[2 + len(kept) + j], perm[2 + i]
-    return jnp.transpose(k, perm)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,6 +471,16 @@ def _as_model(model):
     raise InputError(f"expected an apply_fn(params, x) or an ntbridge.Graph, got {model!r}.")
 
 
+def _identity(model) -> Any:
+    """What fixes a model's function, for cache keys: a Graph's signature, else its apply_fn."""
+    return getattr(model, "signature", None) or model.apply_fn
+
+
+def _symmetric(k: Any, x2, axes: Axes) -> Any:
+    """The kernel(s) ``k``, symmetrized op by op (so exactly) when ``x2`` is None."""
+    return jax.tree.map(lambda a: a if x2 is not None else symmetrize(a, axes.swap_perm(a.ndim)), k)
+
+
 class _Dispatch:
     """``fn(params, x1, x2=None, *, trace_axes, diagonal_axes, by_layer, return_info)``: compiles
     the requested strategy (or auto's choice) once per shape signature."""
@@ -479,8 +490,6 @@ class _Dispatch:
             raise InputError(f"implementation must be one of {IMPLEMENTATIONS}, "
                              f"got {implementation!r}.")
         self.model, self.implementation, self.interact = model, implementation, interact
-        self._choices: dict[tuple, tuple[Callable, StrategyInfo]] = {}
-        self._lock = threading.Lock()  # threads share a dispatch: each choice is made once
 
     def candidates(self) -> tuple[list[str], str]:
         """The strategies that apply to this model, and why the others do not."""
@@ -494,18 +503,16 @@ class _Dispatch:
         return list(STRATEGIES), ""
 
     def program(self, strategy: str, axes: Axes, by_layer: bool, chunk=None) -> Callable:
-        """``run((params, state), x1, x2)``: the strategy, jitted (and traceable, for tiling)."""
+        """``run((params, state), x1, x2)``: the strategy as a traceable function."""
         def run(args, x1, x2):
             params, state = args
             kw = {"chunk": chunk} if strategy == "ntvp" else {}
             kw = {"interact": True} if self.interact else kw
-            k = _STRATEGY_FNS[strategy](_WithState(self.model, state), params, x1, x2, axes,
-                                        by_layer, **kw)
-            sym = lambda a: a if x2 is not None else (a + swap_x1_x2(a, axes)) / 2
-            return {n: sym(v) for n, v in k.items()} if by_layer else sym(k)
-        return jax.jit(run)
+            return _STRATEGY_FNS[strategy](_WithState(self.model, state), params, x1, x2, axes,
+                                           by_layer, **kw)
+        return run
 
-    def choose(self, params, state, x1, x2, axes: Axes, by_layer: bool):
+    def choose(self, params, state, x1, x2, axes: Axes, by_layer: bool, platform: str):
         valid, why_not = self.candidates()
         wanted = valid if self.implementation == "auto" else [self.implementation]
         if wanted[0] not in valid:
@@ -514,45 +521,49 @@ class _Dispatch:
         if self.implementation != "auto":  # nothing to compare
             best, costs, reason = self.implementation, {}, "requested"
         else:
-            platform = platform_of(x1)
-            costs = {s: _cost(self.program(s, axes, by_layer), ((params, state), x1, x2), platform)
-                     for s in wanted}
+            costs = {s: _cost(jax.jit(self.program(s, axes, by_layer)), ((params, state), x1, x2),
+                              platform) for s in wanted}
             ranked = sorted(wanted, key=lambda s: (math.isnan(costs[s]["estimated_s"]),
                                                    costs[s]["estimated_s"]))
             best = ranked[0]
             estimates = ", ".join(f"{s} {costs[s]['estimated_s'] * 1e3:.3g} ms" for s in ranked)
             reason = (f"lowest estimated time on {platform} from XLA's cost analysis "
                       f"({estimates})" + (f"; {why_not}" if why_not else ""))
-        program = self.program(best, axes, by_layer)
+        chunk = None
         if best == "ntvp":  # bound the memory of the VJPs held at once (same flops, same kernel)
             leaf_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
             chunk = max(1, _NTVP_CHUNK_BYTES // max(leaf_bytes, 1))
-            if chunk < (x1 if x2 is None else x2).shape[0] * math.prod(
-                    jax.eval_shape(_WithState(self.model, state).apply_fn, params, x1[:1]).shape[1:]):
-                program = self.program("ntvp", axes, by_layer, chunk)
-        return program, StrategyInfo(best, costs, reason)
+            units = math.prod(jax.eval_shape(_WithState(self.model, state).apply_fn, params,
+                                             x1).shape[1:])
+            chunk = chunk if chunk < (x1 if x2 is None else x2).shape[0] * units else None
+        return self.program(best, axes, by_layer, chunk), StrategyInfo(best, costs, reason), chunk
 
     def plan(self, params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=(),
-             by_layer: bool = False, state=None) -> tuple[Callable, StrategyInfo, Axes]:
-        """``(run, info, axes)`` for these shapes: ``run((params, state), x1, x2)`` is the chosen
-        strategy as a jitted, traceable function (the same object for the same shapes); ``x1``
-        and ``x2`` may be arrays or ``jax.ShapeDtypeStruct``s."""
-        out_ndim = len(jax.eval_shape(_WithState(self.model, state).apply_fn, params, x1).shape)
+             by_layer: bool = False, state=None, out_ndim: int | None = None,
+             platform: str | None = None) -> tuple[Callable, StrategyInfo, Axes, Hashable]:
+        """``(run, info, axes, computation)`` for these shapes: ``run((params, state), x1, x2)``
+        is the chosen strategy as a traceable function, and ``computation`` what fixes it (for
+        program keys); ``x1`` and ``x2`` may be arrays or ``jax.ShapeDtypeStruct``s. The choice is
+        made once per shape signature (:mod:`ntbridge.programs`)."""
+        if out_ndim is None:
+            out_ndim = len(jax.eval_shape(_WithState(self.model, state).apply_fn, params, x1).shape)
         axes = Axes(out_ndim, *normalize_axes(trace_axes, diagonal_axes, out_ndim))
-        signature = lambda a: None if a is None else (a.shape, str(a.dtype))
-        key = (jax.tree.structure((params, state)),
-               tuple(map(signature, jax.tree.leaves((params, state)))),
-               signature(x1), signature(x2), axes, bool(by_layer))
-        with self._lock:
-            if key not in self._choices:
-                self._choices[key] = self.choose(params, state, x1, x2, axes, bool(by_layer))
-            return (*self._choices[key], axes)
+        platform = platform or platform_of(x1)
+        computation = (_identity(self.model), self.implementation, self.interact, axes,
+                       bool(by_layer), platform)
+        key = programs.ProgramKey.of("strategy", computation, ((params, state), x1, x2))
+        run, info, chunk = programs.cached(key, lambda: self.choose(
+            params, state, x1, x2, axes, bool(by_layer), platform))
+        return run, info, axes, (*computation, info.implementation, chunk)
 
     def __call__(self, params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=(),
                  by_layer: bool = False, return_info: bool = False, state=None):
-        run, info, _ = self.plan(params, x1, x2, trace_axes=trace_axes, diagonal_axes=diagonal_axes,
-                                 by_layer=by_layer, state=state)
-        k = run((params, state), x1, x2)
+        run, info, axes, computation = self.plan(params, x1, x2, trace_axes=trace_axes,
+                                                 diagonal_axes=diagonal_axes, by_layer=by_layer,
+                                                 state=state)
+        key = programs.ProgramKey.of("empirical_ntk_fn", computation, ((params, state), x1, x2))
+        k = programs.cached(key, lambda: jax.jit(run))((params, state), x1, x2)
+        k = _symmetric(k, x2, axes)
         return (k, info) if return_info else k
 
 
@@ -581,28 +592,75 @@ def empirical_ntk_fn(model: Callable[[Any, jax.Array], jax.Array] | Any,
     return _Dispatch(_as_model(model), implementation, examples_interact)
 
 
-def empirical_nngp_fn(apply_fn: Callable[[Any, jax.Array], jax.Array], *,
-                      examples_interact: bool = False) -> Callable:
-    """``fn(params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=())`` -> ``f(x1) f(x2)``.
-
-    The outputs' products contracted per the axes rules (the finite-width NNGP of one network);
-    with ``examples_interact``, the outputs of the joint batch (see the module doc).
-    """
-
-    @functools.partial(jax.jit, static_argnames=("axes",))
+def _nngp(apply_fn: Callable, interact: bool) -> Callable:
+    """``nngp(params, x1, x2, axes)``: the outputs' products, traceable."""
     def nngp(params, x1, x2, axes):
-        if examples_interact and x2 is not None:
+        if interact and x2 is not None:
             f = apply_fn(params, jnp.concatenate([x1, x2]))
             f1, f2 = f[:x1.shape[0]], f[x1.shape[0]:]
         else:
             f1 = apply_fn(params, x1)
             f2 = f1 if x2 is None else apply_fn(params, x2)
-        k = contract(f1, f2, axes)
-        return k if x2 is not None else (k + swap_x1_x2(k, axes)) / 2
+        return contract(f1, f2, axes)
+    return nngp
+
+
+def empirical_nngp_fn(apply_fn: Callable[[Any, jax.Array], jax.Array], *,
+                      examples_interact: bool = False) -> Callable:
+    """``fn(params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=())`` -> ``f(x1) f(x2)``.
+
+    The outputs' products contracted per the axes rules (the finite-width NNGP of one network);
+    with ``examples_interact``, the outputs of the joint batch (see the module doc). With
+    ``x2=None`` the result is exactly symmetric.
+    """
+    nngp = _nngp(apply_fn, examples_interact)
 
     def fn(params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=()):
         out_ndim = len(jax.eval_shape(apply_fn, params, x1[:1]).shape)
-        return nngp(params, x1, x2, Axes(out_ndim, *normalize_axes(trace_axes, diagonal_axes,
-                                                                    out_ndim)))
+        axes = Axes(out_ndim, *normalize_axes(trace_axes, diagonal_axes, out_ndim))
+        key = programs.ProgramKey.of("empirical_nngp_fn", (apply_fn, examples_interact, axes),
+                                     (params, x1, x2))
+        run = programs.cached(key, lambda: jax.jit(nngp, static_argnums=3))
+        return _symmetric(run(params, x1, x2, axes), x2, axes)
 
     return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks of the request pipeline
+
+
+def _trainable(graph) -> tuple[dict, dict]:
+    """``(params, state)``: the graph's arrays that are torch parameters, and the others (buffers)."""
+    names = {n.key(p) for n in graph.layers for p, _ in n.module.named_parameters(recurse=False)}
+    return ({k: v for k, v in graph.params.items() if k in names},
+            {k: v for k, v in graph.params.items() if k not in names})
+
+
+def ntk_task(graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None, *,
+             implementation: str, trace_axes, diagonal_axes, by_layer: bool, interact: bool,
+             platform: str) -> tuple[Task, StrategyInfo]:
+    """The empirical NTK of ``graph`` at its parameters, as a task for :func:`ntbridge.tiling.compute`."""
+    params, state = _trainable(graph)
+    if not params:
+        raise InputError("the model has no parameters, so its empirical NTK is undefined; "
+                         "use ntbridge.empirical_nngp, or the analytic ntbridge.ntk.")
+    model_dtype = {p.dtype for p in params.values()}
+    if model_dtype != {x1.dtype}:
+        raise InputTypeError(f"the model's parameters are {model_dtype.pop()} but x1 is "
+                             f"torch.{x1.dtype}; convert one to the other, e.g. model.to(torch.{x1.dtype}).")
+    run, info, axes, computation = _Dispatch(graph, implementation, interact).plan(
+        params, x1, x2, trace_axes=trace_axes, diagonal_axes=diagonal_axes, by_layer=by_layer,
+        state=state, out_ndim=len(graph.output_shape(x1.shape)), platform=platform)
+    return Task(("empirical_ntk", *computation), run, axes.swap_perm, (params, state)), info
+
+
+def nngp_task(graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None, *, trace_axes,
+              diagonal_axes, interact: bool) -> tuple[Task, None]:
+    """The outputs' products of ``graph`` at its parameters, as a task."""
+    out_ndim = len(graph.output_shape(x1.shape))
+    axes = Axes(out_ndim, *normalize_axes(trace_axes, diagonal_axes, out_ndim))
+    nngp = _nngp(graph.apply_fn, interact)
+    return Task(("empirical_nngp", graph.signature, axes, interact),
+                lambda params, a1, a2: nngp(params, a1, a2, axes), axes.swap_perm,
+                graph.params), None

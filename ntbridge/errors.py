@@ -46,3 +46,7 @@ class MemoryBudgetError(NtbridgeError, MemoryError):
 
 class ProcessError(NtbridgeError, RuntimeError):
     """Another process of a ``jax.distributed`` run failed or did not answer in time."""
+
+
+class CacheWarning(UserWarning):
+    """ntbridge's compilation cache directory cannot be written; programs are compiled without it."""

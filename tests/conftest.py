@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 import jax
 import pytest
@@ -24,3 +25,7 @@ settings.register_profile("ci", max_examples=6, deadline=None, derandomize=True,
 settings.register_profile("long", max_examples=200, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# ntbridge's compilation cache: a fresh directory per test process, not the user's cache.
+os.environ.setdefault("NTBRIDGE_CACHE_DIR", tempfile.mkdtemp(prefix="ntbridge-test-cache-"))

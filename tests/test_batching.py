@@ -116,7 +116,7 @@ def test_killed_run_resumes_with_only_the_missing_tiles(tmp_path):
     finally:
         del os.environ["WORKER_N"]
     resumed = ntbridge.ntk(model, x, batch_size=2, out=str(path))
-    assert ntbridge.batching.LAST_RUN.computed == total - len(done)
+    assert ntbridge.tiling.LAST_RUN.computed == total - len(done)
     torch.testing.assert_close(resumed, ntbridge.ntk(model, x), rtol=2e-6, atol=1e-7)
     assert torch.equal(resumed, resumed.T)
 
@@ -192,19 +192,21 @@ def test_empirical_and_monte_carlo_batching_invariance(data, batch_size, device_
 
 def test_cpu_compiler_options_keep_convolutions_off_ynnpack(monkeypatch):
     """On CPUs the programs are compiled with ntbridge's XLA options (convolutions stay XLA's own);
-    an XLA that rejects them compiles without options; other platforms get none."""
+    an XLA that rejects them compiles without options, and remembers it; other platforms get none."""
     import jax
 
-    from ntbridge import batching
+    from ntbridge import devices, programs
+    monkeypatch.setenv("NTBRIDGE_CACHE_DIR", "off")
     conv = jax.jit(lambda x, w: jax.lax.conv_general_dilated(
-        x, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")),
-        compiler_options=batching.compiler_options("cpu"))
+        x, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")))
     x, w = jax.numpy.ones((2, 8, 8, 32)), jax.numpy.ones((3, 3, 32, 32))
-    assert batching.compiler_options("cpu") == batching.CPU_COMPILER_OPTIONS
-    assert "ynn_fusion" not in conv.lower(x, w).compile().as_text()
-    assert batching.compiler_options("gpu") == {}
-    monkeypatch.setattr(batching, "CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": "1"})
-    # a fresh cache for the rejected option; the module's own cache is restored untouched
-    monkeypatch.setattr(batching, "compiler_options",
-                        functools.cache(batching.compiler_options.__wrapped__))
-    assert batching.compiler_options("cpu") == {}
+    cpu = jax.devices("cpu")[:1]
+    assert devices.compiler_options("cpu") == devices.CPU_COMPILER_OPTIONS
+    assert "ynn_fusion" not in programs.compile(conv.lower(x, w), cpu).as_text()
+    assert devices.compiler_options("gpu") == {}
+    monkeypatch.setattr(devices, "CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": "1"})
+    monkeypatch.setattr(devices, "_REJECTED", set())  # restored untouched afterwards
+    assert devices.compiler_options("cpu") == {"xla_cpu_no_such_option": "1"}
+    compiled = programs.compile(conv.lower(x, w), cpu)
+    np.testing.assert_array_equal(compiled(x, w), conv(x, w))
+    assert devices.compiler_options("cpu") == {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 import warnings
 from typing import Any, NamedTuple
 
@@ -12,9 +11,11 @@ import jax
 import torch
 from torch import nn
 
+from .. import programs
 from ..errors import InitMismatchWarning, InputError, NtbridgeError, UnsupportedLayerError
 from ..stax import Kernel, Layer, dag, input_kernel
-from ..stax.kernel import symmetrize
+from ..stax.kernel import swap_perm, symmetrize
+from ..tiling import Task
 from .registry import Context, Options, find_converter, init_mismatch, supported_types
 
 Params = dict[str, jax.Array]
@@ -96,24 +97,6 @@ def _located(layer: Layer, where: str) -> Layer:
     return layer._replace(init_fn=wrap(layer.init_fn), kernel_fn=wrap(layer.kernel_fn))
 
 
-_COMPILED: dict[tuple, Any] = {}  # compiled functions, by architecture signature and purpose
-_MAX_COMPILED = 64
-_COMPILED_LOCK = threading.RLock()  # threads share the cache: one build per key, no torn LRU moves
-
-
-def compiled(key: tuple, build) -> Any:
-    """The compiled function (or other traced result, e.g. an output shape) cached under ``key``,
-    built by ``build()`` on first use (LRU-bounded; thread-safe)."""
-    with _COMPILED_LOCK:
-        if key in _COMPILED:
-            _COMPILED[key] = _COMPILED.pop(key)  # most recently used last
-        else:
-            if len(_COMPILED) >= _MAX_COMPILED:
-                _COMPILED.pop(next(iter(_COMPILED)))
-            _COMPILED[key] = build()
-        return _COMPILED[key]
-
-
 def _apply(network: Layer, layout: tuple, params: Params, x: jax.Array) -> jax.Array:
     per_layer = tuple({local: params[key] for local, key in node} for node in layout)
     return network.apply_fn(per_layer, x)
@@ -168,8 +151,6 @@ class Graph:
         self.apply_fn = functools.partial(_apply, self.network, layout)
         """The model's forward pass ``apply_fn(params, x)``, ``(N, *input) -> (N, *output)``."""
         self._init_checked = False
-        self._compiled_kernel = compiled(("analytic", signature), lambda: jax.jit(
-            functools.partial(_analytic, self.network), static_argnames=("get",)))
 
     def init_fn(self, key: jax.Array, input_shape: tuple[int, ...]) -> tuple[tuple, Params]:
         """Fresh parameters from the init distribution in use; returns ``(output_shape, params)``."""
@@ -180,11 +161,23 @@ class Graph:
         """The output shape for inputs of ``input_shape``; raises ShapeError if they do not fit."""
         def trace():  # cached per architecture and shape: tracing it takes milliseconds per call
             result = []
-            init = lambda key: result.append(self.network.init_fn(key, tuple(input_shape))[0])
-            jax.eval_shape(init, jax.random.key(0))
+            init = lambda: result.append(self.network.init_fn(jax.random.key(0),
+                                                              tuple(input_shape))[0])
+            jax.eval_shape(init)
             return result[0]
 
-        return compiled(("output_shape", self.signature, tuple(input_shape)), trace)
+        key = programs.ProgramKey.of("output shape", self.signature,
+                                     jax.ShapeDtypeStruct(tuple(input_shape), "float32"))
+        return programs.cached(key, trace)
+
+    def perm(self, ndim: int) -> tuple[int, ...]:
+        """The axes exchanging x1 and x2 in an analytic kernel array of rank ``ndim``."""
+        return swap_perm(ndim, not self.network.full_spatial)
+
+    def analytic_task(self, get: str | tuple[str, ...] = KERNEL_NAMES) -> Task:
+        """The infinite-width kernels ``get`` as a task for :func:`ntbridge.tiling.compute`."""
+        return Task(("analytic", self.signature, get),
+                    lambda args, x1, x2: _analytic(self.network, x1, x2, get), self.perm)
 
     def kernel_fn(self, x1: jax.Array, x2: jax.Array | None = None,
                   get: str | tuple[str, ...] = KERNEL_NAMES):
@@ -196,11 +189,12 @@ class Graph:
         torch-initialised clearly are not.
         """
         self.check_init()
-        out = self._compiled_kernel(x1, x2, get=get)
-        if x2 is None:  # outside the compiled kernel, so that XLA cannot fuse it into its producer
-            diagonal = not self.network.full_spatial
-            out = jax.tree.map(lambda a: symmetrize(a, diagonal), out)
-        return out
+
+        key = programs.ProgramKey.of("kernel_fn", (self.signature, get), (x1, x2))
+        out = programs.cached(key, lambda: jax.jit(functools.partial(_analytic, self.network),
+                                                   static_argnums=2))(x1, x2, get)
+        sym = lambda a: a if x2 is not None else symmetrize(a, self.perm(a.ndim))
+        return jax.tree.map(sym, out)  # op by op, so exactly symmetric
 
     def check_init(self) -> None:
         """Warn once (:class:`~ntbridge.errors.InitMismatchWarning`) if weights the analytic kernel

@@ -169,17 +169,22 @@ def variances(k: Kernel) -> dict[str, tuple[jax.Array, jax.Array]]:
     }
 
 
-def swap(a: jax.Array, diagonal_spatial: bool) -> jax.Array:
-    """The kernel ``a`` with x1 and x2 exchanged (batch axes and each spatial pair transposed)."""
+def swap_perm(ndim: int, diagonal_spatial: bool) -> tuple[int, ...]:
+    """The axes permutation exchanging x1 and x2 in a kernel array of rank ``ndim`` (batch axes and
+    each spatial pair transposed)."""
     perm = [1, 0]
-    for i in range(2, a.ndim, 1 if diagonal_spatial else 2):
+    for i in range(2, ndim, 1 if diagonal_spatial else 2):
         perm += [i] if diagonal_spatial else [i + 1, i]
-    return jnp.transpose(a, perm)
+    return tuple(perm)
 
 
-def symmetrize(a: jax.Array, diagonal_spatial: bool) -> jax.Array:
-    """``(a + swap(a)) / 2``: exactly symmetric."""
-    return (a + swap(a, diagonal_spatial)) / 2
+def symmetrize(a, perm: tuple[int, ...]):
+    """``(a + a.transpose(perm)) / 2`` for a JAX array or a torch tensor: exactly symmetric when
+    evaluated op by op (not inside a compiled program, where XLA may fold the transpose into the
+    producer of ``a`` and round the two halves differently). ``perm`` exchanges x1 and x2 (e.g.
+    :func:`swap_perm`)."""
+    swapped = a.permute(perm) if hasattr(a, "permute") else jnp.transpose(a, perm)
+    return (a + swapped) / 2
 
 
 def map_arrays(k: Kernel, fn) -> Kernel:

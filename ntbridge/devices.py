@@ -1,0 +1,55 @@
+"""Platforms, devices, free memory and the XLA options of ntbridge's programs.
+
+Example:
+    >>> platform_of(jnp.ones(3))
+    'cpu'
+    >>> compiler_options("gpu")
+    {}
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+
+def platform_of(x: jax.Array | jax.ShapeDtypeStruct) -> str:
+    """The platform ("cpu", "gpu", ...) of the devices holding ``x``; JAX's default platform for
+    an abstract value without a sharding."""
+    sharding = getattr(x, "sharding", None)
+    return jax.default_backend() if sharding is None else next(iter(sharding.device_set)).platform
+
+
+def free_bytes(device) -> int:
+    """Free memory of ``device``: its allocator's limit, or the host's available memory."""
+    stats = device.memory_stats() or {}
+    if "bytes_limit" in stats:
+        return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+# XLA's CPU compiler hands matrix products, reductions and 2D convolutions to YNNPACK; its
+# convolutions are slower than XLA's own for the batched convolutions of empirical NTKs
+# (benchmarks/run.py, "CPU convolution" row), so ntbridge keeps the other two only.
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
+                        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
+
+
+_REJECTED: set[str] = set()  # platforms whose XLA rejected the options (they are experimental)
+
+
+def compiler_options(platform: str) -> dict[str, str]:
+    """The XLA options of ntbridge's programs on ``platform``: :data:`CPU_COMPILER_OPTIONS` on
+    CPUs, unless their XLA rejected them (:func:`reject_options`); none elsewhere."""
+    return CPU_COMPILER_OPTIONS if platform == "cpu" and platform not in _REJECTED else {}
+
+
+def reject_options(platform: str) -> None:
+    """Compile ``platform``'s programs without options from now on (its XLA does not know them)."""
+    _REJECTED.add(platform)

@@ -1,0 +1,199 @@
+"""The one cache of ntbridge's compiled programs, and of what tracing them derives.
+
+Every entry is keyed by a :class:`ProgramKey` derived from what determines the program (the
+architecture and options of the computation, the shapes and dtypes of its arguments, JAX's x64
+mode, the devices), never by the identity of a function object; so a float32 program is never
+reused for float64 inputs, and a fresh model object of the same architecture reuses the programs of
+the first.
+
+Compiled programs also outlive the process: :func:`compile` keeps each executable XLA builds in a
+directory (by default ``$XDG_CACHE_HOME/ntbridge`` or ``~/.cache/ntbridge``; on macOS
+``~/Library/Caches/ntbridge``; on Windows ``%LOCALAPPDATA%\\ntbridge``), under a hash of the lowered
+program, the compiler options, the JAX version and the devices. A later process that needs the same
+program loads it instead of compiling it. ``NTBRIDGE_CACHE_DIR=path`` moves the directory;
+``NTBRIDGE_CACHE_DIR=off`` turns the disk cache off. Only ntbridge's own programs go there: JAX's
+configuration (including its own compilation cache) is not touched.
+
+Entries are written to a temporary file and renamed into place, so concurrent processes sharing the
+directory never read a partial entry; an entry that cannot be read is ignored and rewritten; a
+directory that cannot be written warns once (:class:`~ntbridge.errors.CacheWarning`) and the
+programs are compiled as if there were no cache. Entries are executables: keep the directory as
+private as your home directory (the default is).
+
+Example:
+    >>> key = ProgramKey.of("tiles", ("analytic", graph.signature), (x1, x2))
+    >>> fn = cached(key, lambda: compile(jax.jit(f).lower(x1, x2), devices))
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Hashable, Sequence, TypeVar
+
+import jax
+import numpy as np
+
+from .devices import compiler_options, reject_options
+from .errors import CacheWarning
+
+T = TypeVar("T")
+MAX_ENTRIES = 256  # in memory, least recently used dropped first
+
+
+def _x64() -> bool:
+    """Whether JAX's x64 mode is on here (globally or in this thread's ``jax.enable_x64``)."""
+    return jax.dtypes.canonicalize_dtype(np.float64) == np.float64
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramKey:
+    """What determines a cached program (or a value derived by tracing one).
+
+    Attributes:
+      purpose: what is cached ("tiles", "strategy", "output shape", ...).
+      computation: the architecture and options that fix the function (hashable).
+      arguments: the tree structure and ``(shape, dtype)`` of every argument leaf.
+      x64: JAX's x64 mode when the key was made.
+      devices: ``(platform, id)`` of the devices the program runs on.
+    """
+
+    purpose: str
+    computation: Hashable
+    arguments: tuple
+    x64: bool
+    devices: tuple
+
+    @classmethod
+    def of(cls, purpose: str, computation: Hashable, arguments: Any,
+           devices: Sequence = ()) -> "ProgramKey":
+        """The key of ``purpose`` for ``computation`` applied to ``arguments`` (a pytree of arrays
+        or ``jax.ShapeDtypeStruct``s), on ``devices``."""
+        leaves, tree = jax.tree.flatten(arguments)
+        spec = tuple((tuple(a.shape), str(a.dtype)) for a in leaves)
+        return cls(purpose, computation, (tree, spec), _x64(),
+                   tuple((d.platform, d.id) for d in devices))
+
+
+_ENTRIES: collections.OrderedDict[ProgramKey, Any] = collections.OrderedDict()
+_LOCK = threading.RLock()  # threads share the cache: each entry is built once
+
+
+def cached(key: ProgramKey, build: Callable[[], T]) -> T:
+    """The entry under ``key``, built by ``build()`` on first use (LRU-bounded, thread-safe)."""
+    with _LOCK:
+        if key in _ENTRIES:
+            _ENTRIES.move_to_end(key)
+        else:
+            _ENTRIES[key] = build()
+            if len(_ENTRIES) > MAX_ENTRIES:
+                _ENTRIES.popitem(last=False)
+        return _ENTRIES[key]
+
+
+def clear() -> None:
+    """Forget every in-memory entry (the disk cache stays)."""
+    with _LOCK:
+        _ENTRIES.clear()
+
+
+# ---- the disk cache ----
+
+def cache_dir() -> Path | None:
+    """The directory of the disk cache, or None when it is off (see the module doc)."""
+    env = os.environ.get("NTBRIDGE_CACHE_DIR")
+    if env is not None:
+        return None if env.strip().lower() in ("", "0", "off", "none") else Path(env)
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "ntbridge"
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(directory: Path, error: Exception) -> None:
+    if str(directory) not in _WARNED:
+        _WARNED.add(str(directory))
+        warnings.warn(f"ntbridge cannot write its compilation cache in {directory} ({error}); "
+                      f"programs are compiled without it. Set NTBRIDGE_CACHE_DIR to a writable "
+                      f"directory, or NTBRIDGE_CACHE_DIR=off.", CacheWarning, stacklevel=4)
+
+
+def _entry_path(lowered: jax.stages.Lowered, options: dict, devices: Sequence) -> Path | None:
+    directory = cache_dir()
+    if directory is None:
+        return None
+    h = hashlib.sha256()
+    for part in (lowered.as_text(), sorted(options.items()), jax.__version__,
+                 jax.lib.__version__ if hasattr(jax.lib, "__version__") else "",
+                 [(d.platform, d.device_kind, d.id) for d in devices],
+                 devices[0].client.platform_version):
+        h.update(repr(part).encode())
+    return directory / f"v1-{h.hexdigest()}.xla"
+
+
+def _load(path: Path, devices: Sequence):
+    from jax.experimental import serialize_executable
+    try:
+        payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+        return serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
+                                                         execution_devices=list(devices))
+    except FileNotFoundError:
+        return None
+    except Exception:  # a corrupt or foreign entry: compile again and rewrite it
+        return None
+
+
+def _store(path: Path, compiled) -> None:
+    from jax.experimental import serialize_executable
+    try:
+        blob = pickle.dumps(serialize_executable.serialize(compiled))
+    except (ValueError, TypeError, pickle.PicklingError):  # a program XLA cannot serialize
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".xla")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, path)  # atomic: readers see the whole entry or none
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as e:  # unwritable or full
+        _warn_once(path.parent, e)
+
+
+def compile(lowered: jax.stages.Lowered, devices: Sequence) -> jax.stages.Compiled:
+    """``lowered`` compiled for ``devices`` with ntbridge's compiler options, or loaded from the
+    disk cache when an earlier process compiled the same program (see the module doc)."""
+    platform = devices[0].platform
+    options = compiler_options(platform)
+    path = _entry_path(lowered, options, devices)
+    compiled = None if path is None else _load(path, devices)
+    if compiled is not None:
+        return compiled
+    try:
+        compiled = lowered.compile(compiler_options=options or None)
+    except RuntimeError:
+        if not options:
+            raise
+        compiled = lowered.compile()  # raises if the program itself is at fault
+        reject_options(platform)  # an XLA without these (experimental) options
+        path = _entry_path(lowered, {}, devices)
+    if path is not None:
+        _store(path, compiled)
+    return compiled

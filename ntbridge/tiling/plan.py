@@ -1,0 +1,108 @@
+"""The batching options of every entry point, and the tiles they lead to."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import jax
+
+from ..errors import InputError, InputTypeError
+
+MEMORY_FRACTION = 0.8  # share of free memory a computation may plan to use
+
+
+@dataclasses.dataclass(frozen=True)
+class Batching:
+    """The batching options of every kernel entry point.
+
+    Attributes:
+      batch_size: tile size in examples; ``None`` (default) = no tiling unless the whole would not
+        fit in memory, then the largest tile that fits; ``0`` = never tile.
+      device_count: local devices to spread tiles over; ``-1`` = all.
+      store_on_device: keep the result on the device (True) or gather tiles in host memory.
+      progress: a tqdm bar; ``None`` = only for long runs attached to a terminal.
+      out: a ``.npy`` path: the kernel is written there tile by tile (resumable) and returned as a
+        tensor over its memory map.
+      platform: the platform of the inputs ("cpu", "gpu"), whose devices compute the tiles; set
+        from x1 when the request runs (``None``: JAX's default).
+
+    Example:
+        >>> Batching(batch_size=256, device_count=2)
+    """
+
+    batch_size: int | None = None
+    device_count: int = -1
+    store_on_device: bool = True
+    progress: bool | None = None
+    out: str | os.PathLike | None = None
+    platform: str | None = None
+
+    def __post_init__(self):
+        for name in ("batch_size", "device_count"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InputTypeError(f"{name} must be an int, got {value!r}.")
+        if self.batch_size is not None and self.batch_size < 0:
+            raise InputError(f"batch_size must be >= 0 (0 = no tiling), got {self.batch_size}.")
+        if self.device_count == 0 or self.device_count < -1:
+            raise InputError(f"device_count must be -1 (all) or >= 1, got {self.device_count}.")
+        if self.platform is not None and self.device_count > len(self.devices):
+            raise InputError(f"device_count={self.device_count} but only {len(self.devices)} local "
+                             f"{self.platform} devices exist; pass -1 for all.")
+        if self.out is not None and not str(self.out).endswith(".npy"):
+            raise InputError(f"out must be a path ending in .npy, got {str(self.out)!r}.")
+        if self.out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(self.out))):
+            raise InputError(f"out={str(self.out)!r}: its directory does not exist; create it "
+                             f"first (os.makedirs).")
+
+    @property
+    def devices(self) -> list:
+        """The local devices of the inputs' platform (not JAX's default one: CPU inputs stay on the
+        CPU of a GPU machine)."""
+        devices = jax.local_devices(backend=self.platform)
+        return devices if self.device_count == -1 else devices[:self.device_count]
+
+    def candidate_sizes(self, n: int) -> list[int]:
+        """Tile sizes to try, largest first, for ``n`` examples on the longer side."""
+        if self.batch_size:
+            return [self.batch_size]
+        sizes = [n]
+        while self.batch_size is None and sizes[-1] > 1:
+            sizes.append(math.ceil(sizes[-1] / 2))
+        return sizes
+
+
+@dataclasses.dataclass
+class Tiling:
+    """Tile sizes ``b1 x b2`` and the tiles ``(i, j)`` (row block, column block) to compute.
+
+    With ``symmetric`` (x2 is x1), only tiles on and above the diagonal are listed.
+    """
+
+    n1: int
+    n2: int
+    b: int
+    symmetric: bool
+
+    def __post_init__(self):
+        self.b1, self.b2 = min(self.b, self.n1), min(self.b, self.n2)
+        rows, cols = math.ceil(self.n1 / self.b1), math.ceil(self.n2 / self.b2)
+        self.tiles = [(i, j) for i in range(rows) for j in range(cols)
+                      if not self.symmetric or j >= i]
+
+    @property
+    def whole(self) -> bool:
+        """One tile covering the whole kernel."""
+        return len(self.tiles) == 1
+
+    def devices(self, opts: Batching) -> list:
+        """The devices the tiles are spread over: no more than there are tiles."""
+        return opts.devices[:max(1, min(len(opts.devices), len(self.tiles)))]
+
+    def rows(self, i: int) -> slice:
+        return slice(i * self.b1, min((i + 1) * self.b1, self.n1))
+
+    def cols(self, j: int) -> slice:
+        return slice(j * self.b2, min((j + 1) * self.b2, self.n2))

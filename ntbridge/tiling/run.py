@@ -1,0 +1,205 @@
+"""One compiled program per tiling, run over the tiles: ``shard_map`` puts one tile on each device.
+
+The program of a :class:`Task` takes a stack of tiles (one per device) and returns, per tile, the
+kernel's leaves and whether they are finite. The tiles on the diagonal of a kernel with x2 = x1 are
+symmetrized after it, in torch (``ntbridge.stax.kernel.symmetrize``: exactly). Everything around the
+program is torch (slicing and padding the inputs, assembling the result), so a request dispatches
+no JAX work besides its programs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import threading
+from typing import Any, Callable, Hashable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from .. import programs
+from ..devices import free_bytes
+from ..dlpack import abstract, to_jax, to_torch
+from ..errors import InputError, MemoryBudgetError
+from ..stax.kernel import symmetrize
+from . import distributed
+from .plan import MEMORY_FRACTION, Batching, Tiling
+from .stores import FileStore, MemoryStore, Perm, fingerprint
+
+LAST_RUN = threading.local()  # this thread's last compute(): .tiles (all) and .computed (by it)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A kernel computation, apart from the inputs' values.
+
+    Attributes:
+      computation: what fixes ``fn`` (kind, architecture signature, options), hashable: with the
+        shapes and dtypes of the arguments it keys the compiled programs.
+      fn: ``fn(args, a1, a2_or_None)``, traceable and batch independent, returning a pytree of
+        ``(n1, n2, ...)`` arrays; with ``a2=None`` the kernel of ``a1`` with itself.
+      perm: ``perm(ndim)``, the axes permutation exchanging x1 and x2 in a leaf of rank ``ndim``.
+      args: a pytree of arrays given to every tile (e.g. parameters), replicated on the devices.
+    """
+
+    computation: Hashable
+    fn: Callable[[Any, jax.Array, jax.Array | None], Any] = dataclasses.field(compare=False)
+    perm: Perm = dataclasses.field(compare=False)
+    args: Any = dataclasses.field(default=None, compare=False)
+
+
+def _program(task: Task, devices: list, tiling: Tiling) -> Callable:
+    """``jit(shard_map(...))`` of ``task.fn`` over stacks of tiles ``(devices, b, ...)``."""
+    mesh = Mesh(np.array(devices), ("tiles",))
+    tiles, whole = PartitionSpec("tiles"), PartitionSpec()
+    one_symmetric_tile = tiling.symmetric and tiling.whole
+
+    def local(args, a1, a2):  # this device's tile: a1 (1, b1, ...), a2 (1, b2, ...)
+        out = task.fn(args, a1[0], None if one_symmetric_tile else a2[0])
+        finite = jnp.all(jnp.stack([jnp.isfinite(k).all() for k in jax.tree.leaves(out)]))
+        return jax.tree.map(lambda leaf: leaf[None], out), finite[None]
+
+    mapped = jax.shard_map(local, mesh=mesh, in_specs=(whole, tiles, tiles), out_specs=tiles,
+                           check_vma=False)
+    sharded, replicated = NamedSharding(mesh, tiles), NamedSharding(mesh, whole)
+    return jax.jit(mapped, in_shardings=(replicated, sharded, sharded),
+                   out_shardings=sharded)
+
+
+def compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor):
+    """The compiled program of ``task`` for ``tiling``'s tiles of inputs like ``x1`` (cached)."""
+    devices = tiling.devices(opts)
+    stack = lambda b: jax.ShapeDtypeStruct((len(devices), b, *x1.shape[1:]), abstract(x1).dtype)
+    args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), task.args)
+    arguments = (args, stack(tiling.b1), stack(tiling.b2))
+    key = programs.ProgramKey.of("tiles", (task.computation, tiling.symmetric, tiling.whole),
+                                 arguments, devices)
+    return programs.cached(key, lambda: programs.compile(
+        _program(task, devices, tiling).lower(*arguments), devices))
+
+
+def _tile_bytes(program) -> int:
+    m = program.memory_analysis()
+    return 0 if m is None else (m.argument_size_in_bytes + m.output_size_in_bytes
+                                + m.temp_size_in_bytes)
+
+
+def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool, opts: Batching) -> tuple[Tiling, Any]:
+    """The tiling (and its compiled program) whose tiles fit in memory, checked before anything
+    is allocated, from XLA's memory analysis of the program that will run."""
+    n1 = x1.shape[0]
+    free = free_bytes(opts.devices[0]) * MEMORY_FRACTION
+    for n, b in enumerate(opts.candidate_sizes(max(n1, n2))):
+        tiling = Tiling(n1, n2, b, symmetric)
+        program = compiled(task, tiling, opts, x1)
+        if n == 0:  # the result's size, from the output shapes of the first program
+            per_pair = sum(math.prod(o.shape[3:]) * o.dtype.itemsize
+                           for o in jax.tree.leaves(program.out_info[0]))
+            result = n1 * n2 * per_pair
+            if opts.out is None and result > free:
+                raise MemoryBudgetError(
+                    f"the kernel ({n1} x {n2}, {result / 2**30:.2f} GiB) does not fit in the free "
+                    f"memory ({free / 2**30:.2f} GiB usable); pass out='kernel.npy' to write it to "
+                    f"disk tile by tile.")
+            budget = free - (0 if opts.out is not None else result)
+        if _tile_bytes(program) <= budget:
+            return tiling, program
+    count = len(tiling.devices(opts))
+    raise MemoryBudgetError(
+        f"one tile of {b} x {b} examples needs {_tile_bytes(program) / count / 2**30:.2f} GiB per "
+        f"device, more than the {budget / count / 2**30:.2f} GiB free; use fewer or smaller inputs, "
+        f"a cheaper kernel (e.g. a Flatten head instead of global pooling), or a larger device.")
+
+
+def _stack(tiles: list[torch.Tensor], sharding: NamedSharding, devices: list) -> jax.Array:
+    """Torch tiles (padded to one size) as one JAX array ``(devices, b, ...)``, a tile per device."""
+    tiles = tiles + tiles[-1:] * (len(devices) - len(tiles))
+    shards = [jax.device_put(to_jax(t.unsqueeze(0)), d) for t, d in zip(tiles, devices)]
+    return jax.make_array_from_single_device_arrays((len(devices), *tiles[0].shape), sharding,
+                                                    shards)
+
+
+def _pad(x: torch.Tensor, rows: slice, size: int) -> torch.Tensor:
+    """Rows ``rows`` of x, padded to ``size`` by repeating the last row."""
+    tile = x[rows]
+    if tile.shape[0] < size:
+        tile = torch.cat([tile, tile[-1:].expand(size - tile.shape[0], *tile.shape[1:])])
+    return tile
+
+
+def _per_device(leaf: jax.Array) -> list[torch.Tensor]:
+    """The device-local blocks of a stacked output, in stack order, as torch tensors (no copy)."""
+    shards = sorted(leaf.addressable_shards, key=lambda s: s.index[0].start or 0)
+    return [to_torch(s.data)[0] for s in shards]
+
+
+def _check_finite(finite: bool, rows: slice, cols: slice, dtype) -> None:
+    if not finite:
+        raise InputError(
+            f"kernel entries [{rows.start}:{rows.stop}, {cols.start}:{cols.stop}] are not finite "
+            f"although the inputs are: a value overflowed {dtype} inside the computation, "
+            f"or the model's weights are not finite. Rescale the inputs (e.g. standardize them), "
+            f"or compute in float64 (model.double() and float64 inputs).")
+
+
+def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batching) -> Any:
+    """``task`` evaluated on ``x1`` (and ``x2``; None for x2 = x1), tile by tile per ``opts``.
+
+    Returns the pytree of ``task.fn`` with ``(N1, N2, ...)`` torch tensors: on x1's device, on the
+    host (``store_on_device=False``), or over the memory map of ``opts.out``.
+    """
+    distributed.CALLS[0] += 1
+    symmetric, xb = x2 is None, x1 if x2 is None else x2
+    n1, n2 = x1.shape[0], xb.shape[0]
+    tiling, program = plan(task, x1, n2, symmetric, opts)
+    leaves, treedef = jax.tree.flatten(program.out_info[0])
+    shapes = [(n1, n2, *leaf.shape[3:]) for leaf in leaves]
+    dtypes = [getattr(torch, str(leaf.dtype)) for leaf in leaves]
+    if opts.out is not None:
+        if len(leaves) != 1:
+            raise InputError("out= stores one kernel; ask for one (e.g. get='ntk').")
+        meta = {"fingerprint": fingerprint(x1, x2, task.computation, *jax.tree.leaves(task.args)),
+                "tile": [tiling.b1, tiling.b2], "processes": jax.process_count()}
+        store = FileStore(opts.out, tiling, shapes[0], leaves[0].dtype, meta, task.perm)
+    else:
+        device = x1.device if opts.store_on_device else torch.device("cpu")
+        store = MemoryStore(tiling, shapes, dtypes, device, task.perm)
+    pid, count = jax.process_index(), jax.process_count()
+    mine = [t for n, t in enumerate(tiling.tiles) if n % count == pid and t not in store.done]
+    LAST_RUN.tiles, LAST_RUN.computed = len(tiling.tiles), len(mine)
+    show = opts.progress if opts.progress is not None else (len(mine) >= 16 and sys.stderr.isatty())
+    from tqdm.auto import tqdm
+    bar = tqdm(total=len(mine), desc="ntbridge tiles", unit="tile", disable=not show)
+    devices = tiling.devices(opts)
+    mesh = Mesh(np.array(devices), ("tiles",))
+    sharding = NamedSharding(mesh, PartitionSpec("tiles"))
+    args = jax.device_put(task.args, NamedSharding(mesh, PartitionSpec()))
+    computed = {}
+    for start in range(0, len(mine), len(devices)):
+        group = mine[start:start + len(devices)]
+        out, finite = program(args,
+                              _stack([_pad(x1, tiling.rows(i), tiling.b1) for i, _ in group],
+                                     sharding, devices),
+                              _stack([_pad(xb, tiling.cols(j), tiling.b2) for _, j in group],
+                                     sharding, devices))
+        blocks = [_per_device(leaf) for leaf in jax.tree.leaves(out)]
+        finite = np.asarray(finite)
+        for k, (i, j) in enumerate(group):
+            rows, cols = tiling.rows(i), tiling.cols(j)
+            _check_finite(bool(finite[k]), rows, cols, leaves[0].dtype)
+            tile = [b[k][:rows.stop - rows.start, :cols.stop - cols.start] for b in blocks]
+            if tiling.symmetric and i == j:
+                tile = [symmetrize(leaf, task.perm(leaf.ndim)) for leaf in tile]
+            store.put(i, j, tile)
+            computed[i, j] = tile
+        bar.update(len(group))
+    bar.close()
+    if count > 1 and isinstance(store, MemoryStore):
+        distributed.exchange(tiling.tiles, computed, store.put)
+    elif count > 1:
+        distributed.barrier("written")
+    return jax.tree.unflatten(treedef, store.result())
