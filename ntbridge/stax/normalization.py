@@ -31,7 +31,9 @@ def LayerNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | Non
         if tuple(input_shape[1:]) != tuple(normalized_shape):
             raise ShapeError(f"normalizes over {tuple(normalized_shape)}, which must be the whole "
                              f"per-example shape, got inputs {tuple(input_shape)}")
-        return tuple(input_shape), {}
+        fresh = {"weight": (weight, jnp.ones), "bias": (bias, jnp.zeros)}  # torch's own init
+        return tuple(input_shape), {name: init(tuple(normalized_shape))
+                                    for name, (value, init) in fresh.items() if value is not None}
 
     def apply_fn(params, x):
         axes = tuple(range(1, x.ndim))

@@ -1,0 +1,167 @@
+"""The program cache: derived keys (precision included), one compilation per program per request,
+a disk cache that a second process reuses, and that survives bad directories and entries."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import ntbridge
+from ntbridge import errors, programs
+
+# Two kernel calls of a float64 MLP in a fresh process, counting XLA's backend compilations.
+COUNT_COMPILES = textwrap.dedent("""
+    import json, sys, time
+    import jax, torch, ntbridge
+    from torch import nn
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: compiles.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
+    torch.manual_seed(0)
+    fc = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                       nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)).double()
+    x = torch.randn(200, 64, dtype=torch.float64)
+    xs = torch.randn(157, 64, dtype=torch.float64)
+    start = time.perf_counter()
+    first = ntbridge.kernel(fc, x, None)
+    seconds = time.perf_counter() - start
+    second = ntbridge.kernel(fc, xs, x)
+    torch.save({"first": first.ntk, "second": second.ntk}, sys.argv[1])
+    print(json.dumps({"compiles": len(compiles), "first_call_s": seconds}))
+""")
+
+
+def _count(tmp_path, cache, name):
+    env = {**os.environ, "NTBRIDGE_CACHE_DIR": str(cache)}
+    out = subprocess.run([sys.executable, "-c", COUNT_COMPILES, str(tmp_path / name)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_two_calls_compile_at_most_four_programs_and_a_second_process_none(tmp_path):
+    cache = tmp_path / "cache"
+    fresh = _count(tmp_path, cache, "a.pt")
+    assert fresh["compiles"] <= 4
+    warm = _count(tmp_path, cache, "b.pt")
+    assert warm["compiles"] == 0
+    a, b = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
+    assert torch.equal(a["first"], b["first"]) and torch.equal(a["second"], b["second"])
+
+
+def test_concurrent_processes_share_one_cache_directory(tmp_path):
+    """Two processes filling the same empty directory at once: both succeed with equal kernels,
+    and a third finds every program there."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "NTBRIDGE_CACHE_DIR": str(cache)}
+    procs = [subprocess.Popen([sys.executable, "-c", COUNT_COMPILES, str(tmp_path / f"{i}.pt")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    results = [torch.load(tmp_path / f"{i}.pt") for i in range(2)]
+    assert all(torch.equal(results[0][k], results[1][k]) for k in ("first", "second"))
+    assert not [f for f in os.listdir(cache) if f.startswith(".tmp-")]
+    assert _count(tmp_path, cache, "c.pt")["compiles"] == 0
+
+
+MODELS = {
+    "mlp-relu": lambda: nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2)),
+    "mlp-quadrature": lambda: nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 16),
+                                            nn.SiLU(), nn.Linear(16, 2)),
+    "mlp-gelu-layernorm": lambda: nn.Sequential(nn.Linear(4, 16), nn.LayerNorm(16), nn.GELU(),
+                                                nn.Linear(16, 2)),
+    "cnn-pool": lambda: nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(),
+                                      nn.AvgPool2d(2), nn.Flatten(), nn.Linear(4 * 2 * 2, 2)),
+    "cnn-gap": lambda: nn.Sequential(nn.Conv2d(2, 4, 3), nn.Hardtanh(), nn.AdaptiveAvgPool2d(1),
+                                     nn.Flatten(), nn.Linear(4, 2)),
+}
+SHAPES = {"mlp": (4,), "cnn": (2, 4, 4)}
+
+
+def _entry_points(model, x):
+    return [ntbridge.ntk(model, x), ntbridge.nngp(model, x[:3], x),
+            *ntbridge.kernel(model, x, batch_size=2),
+            ntbridge.empirical_ntk(model, x), ntbridge.empirical_nngp(model, x[:3], x),
+            ntbridge.monte_carlo(model, x, n_samples=2).mean]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_float32_then_float64_then_float32(name):
+    """Every entry point, every layer family: switching precision (same and fresh model objects)
+    never reuses a program of the other precision, and gives the same kernels each time."""
+    torch.manual_seed(0)
+    model = MODELS[name]()
+    x = torch.randn(5, *SHAPES[name[:3]])
+    first = _entry_points(model, x)
+    double = _entry_points(model.double(), x.double())
+    again = _entry_points(copy.deepcopy(model).float(), x)  # a fresh object, float32 weights
+    for n, (a, b, c) in enumerate(zip(first, double, again)):
+        assert a.dtype == c.dtype == torch.float32 and b.dtype == torch.float64
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
+        if n < len(first) - 1:  # Monte-Carlo samples are drawn anew in each precision
+            torch.testing.assert_close(b.float(), a, rtol=2e-4, atol=2e-4 * a.abs().max().item())
+
+
+def test_keys_are_derived_from_precision_shapes_and_devices():
+    import jax
+    import jax.numpy as jnp
+    a32 = jax.ShapeDtypeStruct((3, 4), jnp.float32)
+    key = lambda *args, **kw: programs.ProgramKey.of("p", "c", *args, **kw)
+    assert key(a32) == key(jax.ShapeDtypeStruct((3, 4), jnp.float32))
+    assert key(a32) != key(jax.ShapeDtypeStruct((3, 5), jnp.float32))
+    assert key(a32) != key((a32, None))
+    without = key(a32)
+    with jax.enable_x64(True):
+        assert key(a32) != without  # same shapes, x64 mode differs
+    assert key(a32, jax.devices()[:1]) != key(a32, jax.devices()[1:2])
+
+
+def _tiny():
+    return nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 1)), torch.randn(4, 3)
+
+
+def test_unwritable_cache_directory_warns_once_and_computes(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("NTBRIDGE_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(programs, "_WARNED", set())
+    programs.clear()
+    model, x = _tiny()
+    with pytest.warns(errors.CacheWarning, match="cannot write its compilation cache"):
+        k = ntbridge.ntk(model, x)
+    programs.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(ntbridge.ntk(model, x), k, rtol=0, atol=0)
+
+
+def test_corrupt_entries_are_ignored_and_rewritten(tmp_path, monkeypatch):
+    monkeypatch.setenv("NTBRIDGE_CACHE_DIR", str(tmp_path))
+    programs.clear()
+    model, x = _tiny()
+    k = ntbridge.ntk(model, x)
+    entries = [p for p in tmp_path.iterdir() if p.suffix == ".xla"]
+    assert entries
+    for p in entries:
+        p.write_bytes(b"garbage")
+    programs.clear()
+    torch.testing.assert_close(ntbridge.ntk(model, x), k, rtol=0, atol=0)
+    assert all(p.read_bytes() != b"garbage" for p in entries)
+
+
+def test_cache_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("NTBRIDGE_CACHE_DIR", "off")
+    assert programs.cache_dir() is None
+    programs.clear()
+    model, x = _tiny()
+    assert ntbridge.ntk(model, x).shape == (4, 4)
