@@ -21,99 +21,11 @@ from ntbridge.dlpack import precision, to_jax
 from ntbridge.empirical import empirical_ntk_fn
 from ntbridge.errors import ConversionError, UnsupportedLayerError
 
+from export_zoo import ZOO, Custom
+from reference import full_ntk
+
 FORWARD_RTOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 NTK_RTOL = {torch.float64: 1e-10, torch.float32: 1e-5}
-
-
-class Transformer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.1, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.head = nn.Linear(16, 3)
-
-    def forward(self, x):
-        return self.head(self.encoder(x).mean(1))
-
-
-class CausalAttention(nn.Module):
-    def __init__(self, length: int = 5):
-        super().__init__()
-        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
-        self.register_buffer("mask", torch.triu(torch.ones(length, length, dtype=torch.bool), 1))
-        self.out = nn.Linear(8, 2)
-
-    def forward(self, x):
-        h, _ = self.attention(x, x, x, attn_mask=self.mask, need_weights=False)
-        return self.out(h[:, -1])
-
-
-class Recurrent(nn.Module):
-    def __init__(self, cell: type):
-        super().__init__()
-        self.rnn = cell(4, 6, batch_first=True)
-        self.out = nn.Linear(6, 2)
-
-    def forward(self, x):
-        h, _ = self.rnn(x)
-        return self.out(h[:, -1])
-
-
-class Tokens(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(10, 6, padding_idx=0)
-        self.out = nn.Linear(6, 2)
-
-    def forward(self, ids):
-        return self.out(torch.tanh(self.embed(ids)).sum(1))
-
-
-class ResNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
-        self.conv2, self.bn2 = nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=2), nn.BatchNorm2d(4)
-        self.down = nn.Conv1d(4, 4, 2, stride=2)
-        self.fc = nn.Linear(4 * 8, 3)
-        for bn in (self.bn1, self.bn2):  # running statistics that differ from the identity
-            bn.running_mean.uniform_(-0.5, 0.5)
-            bn.running_var.uniform_(0.5, 2.0)
-
-    def forward(self, x):
-        h = torch.relu(self.bn1(self.conv1(x)))
-        h = torch.relu(h + self.bn2(self.conv2(h)))
-        h = self.down(h.flatten(2))  # (N, 4, 64) -> (N, 4, 32)
-        return self.fc(nn.functional.avg_pool1d(h, 4).flatten(1))
-
-
-class Mix(nn.Module):
-    def forward(self, h):
-        h = torch.cumsum(h * h, dim=1)
-        return torch.where(h > 1.0, h, -h)
-
-
-class Custom(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(5, 6)
-        self.mix = Mix()
-
-    def forward(self, x):
-        h = self.mix(self.linear(x))
-        h = h.view(x.shape[0], 2, 3).softmax(-1).reshape(x.shape[0], -1)
-        return h[:, [0, 2, 4, 5]] * h.sort(-1).values[:, -4:]
-
-
-ZOO = {
-    "transformer": (Transformer, lambda n: torch.randn(n, 5, 16)),
-    "attention": (CausalAttention, lambda n: torch.randn(n, 5, 8)),
-    "lstm": (lambda: Recurrent(nn.LSTM), lambda n: torch.randn(n, 4, 4)),
-    "gru": (lambda: Recurrent(nn.GRU), lambda n: torch.randn(n, 4, 4)),
-    "embedding": (Tokens, lambda n: torch.randint(0, 10, (n, 5))),
-    "resnet": (ResNet, lambda n: torch.randn(n, 3, 8, 8)),
-    "custom": (Custom, lambda n: torch.randn(n, 5)),
-}
 
 
 @functools.cache
@@ -136,19 +48,6 @@ def relative_error(a, b) -> float:
 def forward(t, x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     with precision(dtype):
         return np.asarray(jax.jit(t.apply_fn)({**t.params, **t.state}, to_jax(x)))
-
-
-def torch_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor) -> np.ndarray:
-    """``(N1, N2, O, O)``: the jacobian contraction over all parameters, by torch.func.
-
-    The Jacobian of the joint batch's output (the examples are independent in eval mode, so its
-    rows are the per-example Jacobians; no vmap of the model is needed).
-    """
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    x = torch.cat([x1, x2])
-    jac = torch.func.jacrev(lambda p: torch.func.functional_call(model, p, (x,)))(params)
-    n1 = len(x1)
-    return sum(torch.einsum("ao...,bp...->abop", j[:n1], j[n1:]) for j in jac.values()).numpy()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -185,7 +84,8 @@ def test_empirical_ntk_matches_torch_func(name, strategy):
     with precision(torch.float64):
         k = empirical_ntk_fn(t.apply_fn, strategy)(t.params, to_jax(x1), to_jax(x2), trace_axes=(),
                                                    state=t.state)
-    expected = torch_ntk(model, x1, x2)
+    expected = full_ntk(model, x1, x2, batch=True).numpy()  # independent examples: the rows of
+    # the joint batch's Jacobian are the per-example Jacobians (and no vmap of the model is needed)
     assert k.shape == expected.shape
     assert relative_error(k, expected) <= NTK_RTOL[torch.float64]
 
@@ -193,7 +93,7 @@ def test_empirical_ntk_matches_torch_func(name, strategy):
 def test_empirical_ntk_float32():
     model, t, x1, x2 = zoo("attention", torch.float32)
     k = empirical_ntk_fn(t.apply_fn)(t.params, to_jax(x1), to_jax(x2), trace_axes=(), state=t.state)
-    assert relative_error(k, torch_ntk(model, x1, x2)) <= NTK_RTOL[torch.float32]
+    assert relative_error(k, full_ntk(model, x1, x2, batch=True).numpy()) <= NTK_RTOL[torch.float32]
 
 
 def test_padding_row_has_no_gradient():
@@ -274,3 +174,51 @@ def test_unsupported_arguments_name_operator_and_module():
     with pytest.raises(UnsupportedLayerError, match=r"aten\.convolution\.default of module '2' "
                                                     r"\(ConvTranspose1d\): transposed"):
         translate(model, torch.randn(3, 3))
+
+
+F = nn.functional
+
+
+def _activations(x):
+    return (F.gelu(x) + F.gelu(x, approximate="tanh") + F.silu(x) + F.elu(x) + F.leaky_relu(x)
+            + F.softplus(x) + F.hardtanh(x) + x.clamp(-0.5, 0.5) + x.pow(2) + 2 ** x
+            + x.abs().pow(x) + torch.erf(x) + x.abs().sqrt().exp().log1p() + x.sign()
+            + torch.minimum(x, x.flip(-1)) + x.masked_fill(x > 0.5, 0.25) + (x // 0.5) + x % 0.5
+            + x.tril() + F.log_softmax(x, -1) + torch.rsqrt(x.abs() + 1) + (x.abs() + 1).reciprocal()
+            + torch.maximum(x, -x.detach()) + x.round() + x.floor() + x.ceil() + x.trunc()
+            + torch.atan2(x, x.flip(-1)) + x.sin() + x.cos() + torch.where(x != 0, x.sinh(), 1.0))
+
+
+def _reductions(x):
+    return torch.cat([x.var(-1), x.std(-1), x.amax(-1), x.max(-1).values, x.amin(1).repeat(1, 1),
+                      x.prod(-1), x.norm(dim=-1), x.topk(2, -1).values.flatten(1),
+                      x.argmax(-1).double(), x.cumprod(-1).mean(-1), x.logsumexp(-1),
+                      x.min(-1).values, x.argmin(-1).double(), (x > -3).all(-1).double()], dim=1)
+
+
+def _shapes(x):
+    y = x.clone()
+    y[:, 0] = 1.0
+    y[..., 1] *= 2
+    y[:, 1, 2] = 0.0
+    y[:, [0, 2]] = y[:, [0, 2]] * 3.0
+    return (torch.stack([y, x], 1).flatten(1)[:, :24].reshape(-1, 4, 6)
+            + sum(x.split(2, -1)).repeat(1, 1, 3) + x.gather(-1, x.argsort(-1)[..., :6])
+            + x.index_select(-1, torch.tensor([5, 0, 1, 2, 3, 4])) + x.roll(1, -1)
+            + F.pad(x, (1, 1))[..., 1:-1] + torch.einsum("bij,bkj->bik", x, x)[..., :1]
+            + (x.mT @ x)[:, :4] + (x[:, 0] @ x[0].T)[:, None, :1] + F.scaled_dot_product_attention(x, x, x, is_causal=True)
+            + x.unsqueeze(1).squeeze(1).transpose(1, 2).mT + torch.arange(6) * torch.ones(4, 1)
+            + x.float().double())
+
+
+def _normalization(x):
+    return (F.layer_norm(x, x.shape[-1:]) + F.group_norm(x, 2) + F.max_pool1d(x, 3, 1, 1)
+            + F.avg_pool1d(x, 3, 1, 1, count_include_pad=False) + F.avg_pool1d(x, 3, 1, 1))
+
+
+@pytest.mark.parametrize("fn", [_activations, _reductions, _shapes, _normalization])
+def test_operators_match_torch(fn):
+    model = type(fn.__name__, (nn.Module,), {"forward": lambda self, x: fn(x)})()
+    x = torch.randn(3, 4, 6, dtype=torch.float64)
+    t = translate(model, x)
+    assert relative_error(forward(t, x, torch.float64), fn(x).numpy()) <= FORWARD_RTOL[torch.float64]

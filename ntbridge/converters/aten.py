@@ -322,7 +322,7 @@ def _identity(x, *args, **kwargs):
 
 
 _SHAPES: dict[str, Callable] = {
-    "view": jnp.reshape, "_unsafe_view": jnp.reshape, "reshape": jnp.reshape,
+    "view": jnp.reshape,
     "permute": jnp.transpose, "expand": _expand, "squeeze": _squeeze,
     "unsqueeze": jnp.expand_dims, "flip": lambda x, dims: jnp.flip(x, tuple(dims)),
     "repeat": lambda x, repeats: jnp.tile(x, repeats),
@@ -343,11 +343,10 @@ _SHAPES: dict[str, Callable] = {
                                                                      or jnp.float32),
     "arange": _arange, "_to_copy": _to_copy,
     "copy": lambda x, src, non_blocking=False: jnp.broadcast_to(src, x.shape).astype(x.dtype),
-    "clone": _identity, "alias": _identity, "detach": _identity, "lift_fresh_copy": _identity,
+    "clone": _identity, "alias": _identity,
     "sym_size": lambda x, dim: x.shape[dim],
     "_assert_tensor_metadata": lambda *args, **kwargs: None,
     "_assert_scalar": lambda *args, **kwargs: None,
-    "sym_constrain_range_for_size": lambda *args, **kwargs: None,
 }
 
 OPS: dict = {getattr(aten, name): fn for table in (_ELEMENTWISE, _REDUCTIONS, _LINEAR, _SHAPES)
