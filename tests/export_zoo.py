@@ -56,7 +56,8 @@ class ResNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv1, self.bn1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
-        self.conv2, self.bn2 = nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=2), nn.BatchNorm2d(4)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=2)
+        self.bn2 = nn.BatchNorm2d(4)
         self.down = nn.Conv1d(4, 4, 2, stride=2)
         self.fc = nn.Linear(4 * 8, 3)
         for bn in (self.bn1, self.bn2):  # running statistics that differ from the identity

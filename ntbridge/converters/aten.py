@@ -55,14 +55,6 @@ def _at(x: jax.Array, dim: int, index) -> tuple:
 
 # ------------------------------------------------------------ elementwise
 
-def _add(a, b, *, alpha=1):
-    return a + alpha * b
-
-
-def _sub(a, b, *, alpha=1):
-    return a - alpha * b
-
-
 def _div(a, b, *, rounding_mode=None):
     if rounding_mode == "floor":
         return jnp.floor_divide(a, b)
@@ -87,8 +79,9 @@ _COMPARISONS = {"eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.
 _ELEMENTWISE: dict[str, Callable] = {
     **_UNARY, **_BINARY, **_COMPARISONS,
     "neg": jnp.negative, "round": jnp.round, "bitwise_not": jnp.invert, "pow": jnp.power,
-    "add": _add, "sub": _sub, "mul": jnp.multiply, "div": _div,
-    "rsqrt": lax.rsqrt, "erf": jax.scipy.special.erf, "sigmoid": jax.nn.sigmoid, "relu": jax.nn.relu,
+    "add": lambda a, b, *, alpha=1: a + alpha * b, "sub": lambda a, b, *, alpha=1: a - alpha * b,
+    "mul": jnp.multiply, "div": _div, "rsqrt": lax.rsqrt, "erf": jax.scipy.special.erf,
+    "sigmoid": jax.nn.sigmoid, "relu": jax.nn.relu,
     "gelu": lambda x, approximate="none": jax.nn.gelu(x, approximate=approximate == "tanh"),
     "leaky_relu": lambda x, negative_slope=0.01: jnp.where(x > 0, x, negative_slope * x),
     "hardtanh": lambda x, min_val=-1.0, max_val=1.0: jnp.clip(x, min_val, max_val),
@@ -119,15 +112,6 @@ def _max_min(fn: Callable, arg: Callable, pairwise: Callable) -> Callable:
     return op
 
 
-def _var(x, dim=None, *, correction=None, keepdim=False):
-    return jnp.var(x, axis=_axes(dim), ddof=1 if correction is None else correction,
-                   keepdims=keepdim)
-
-
-def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
-    return jnp.linalg.vector_norm(x, ord=ord, axis=_axes(dim), keepdims=keepdim)
-
-
 def _scan(fn: Callable) -> Callable:
     return lambda x, dim, *, dtype=None: fn(x, axis=dim, dtype=jax_dtype(dtype))
 
@@ -138,8 +122,7 @@ def _sort(x, dim=-1, descending=False):
 
 
 def _topk(x, k, dim=-1, largest=True, sorted=True):
-    values, i = _sort(x, dim, largest)
-    return lax.slice_in_dim(values, 0, k, axis=_axis(x, dim)), lax.slice_in_dim(i, 0, k, axis=_axis(x, dim))
+    return tuple(lax.slice_in_dim(a, 0, k, axis=_axis(x, dim)) for a in _sort(x, dim, largest))
 
 
 _REDUCTIONS: dict[str, Callable] = {
@@ -147,8 +130,12 @@ _REDUCTIONS: dict[str, Callable] = {
     "amax": _reduction(jnp.max), "amin": _reduction(jnp.min),
     "any": _reduction(jnp.any), "all": _reduction(jnp.all),
     "argmax": _reduction(jnp.argmax), "argmin": _reduction(jnp.argmin),
-    "max": _max_min(jnp.max, jnp.argmax, jnp.maximum), "min": _max_min(jnp.min, jnp.argmin, jnp.minimum),
-    "var": _var, "linalg_vector_norm": _vector_norm,
+    "max": _max_min(jnp.max, jnp.argmax, jnp.maximum),
+    "min": _max_min(jnp.min, jnp.argmin, jnp.minimum),
+    "var": lambda x, dim=None, *, correction=None, keepdim=False:  # torch's None: 1
+        jnp.var(x, axis=_axes(dim), ddof=1 if correction is None else correction, keepdims=keepdim),
+    "linalg_vector_norm": lambda x, ord=2, dim=None, keepdim=False, *, dtype=None:
+        jnp.linalg.vector_norm(x, ord=ord, axis=_axes(dim), keepdims=keepdim),
     "cumsum": _scan(jnp.cumsum), "cumprod": _scan(jnp.cumprod),
     "_softmax": lambda x, dim, half_to_float=False: jax.nn.softmax(x, axis=dim),
     "_log_softmax": lambda x, dim, half_to_float=False: jax.nn.log_softmax(x, axis=dim),
@@ -170,16 +157,17 @@ def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding,
     return y if b is None else y + b.reshape(-1, *(1,) * len(stride))
 
 
-def _channels(v, x):
-    """A per-channel vector (channel axis 1) broadcastable against ``x``."""
-    return v.reshape(-1, *(1,) * (x.ndim - 2))
+def _affine(y, weight, bias, shape: Sequence[int]):
+    """``y * weight + bias`` (either may be None), the parameters reshaped to ``shape``."""
+    y = y if weight is None else y * weight.reshape(shape)
+    return y if bias is None else y + bias.reshape(shape)
 
 
 def _batch_norm(x, weight, bias, running_mean, running_var, momentum, eps):
-    y = (x - _channels(running_mean, x)) * _channels(lax.rsqrt(running_var + eps), x)
-    y = y if weight is None else y * _channels(weight, x)
+    channels = (-1,) + (1,) * (x.ndim - 2)  # the channel axis is 1
+    y = (x - running_mean.reshape(channels)) * lax.rsqrt(running_var + eps).reshape(channels)
     empty = jnp.zeros((0,), x.dtype)
-    return (y if bias is None else y + _channels(bias, x)), empty, empty
+    return _affine(y, weight, bias, channels), empty, empty
 
 
 def _normalize(x, axes: tuple[int, ...], eps: float):
@@ -189,21 +177,14 @@ def _normalize(x, axes: tuple[int, ...], eps: float):
     return (x - mean) * rstd, mean, rstd
 
 
-def _affine(y, weight, bias):
-    y = y if weight is None else y * weight
-    return y if bias is None else y + bias
-
-
 def _layer_norm(x, normalized_shape, weight, bias, eps):
     y, mean, rstd = _normalize(x, tuple(range(x.ndim - len(normalized_shape), x.ndim)), eps)
-    return _affine(y, weight, bias), mean, rstd
+    return _affine(y, weight, bias, normalized_shape), mean, rstd
 
 
 def _group_norm(x, weight, bias, n, c, hxw, group, eps):
     y, mean, rstd = _normalize(x.reshape(x.shape[0], group, -1), (2,), eps)
-    shape = (1, c) + (1,) * (x.ndim - 2)
-    y = _affine(y.reshape(x.shape), None if weight is None else weight.reshape(shape),
-                None if bias is None else bias.reshape(shape))
+    y = _affine(y.reshape(x.shape), weight, bias, (-1,) + (1,) * (x.ndim - 2))
     return y, mean.reshape(x.shape[0], group), rstd.reshape(x.shape[0], group)
 
 
@@ -235,11 +216,8 @@ def _expand(x, size, *, implicit=False):
 
 def _squeeze(x, dim=None):
     dims = range(x.ndim) if dim is None else [dim] if isinstance(dim, int) else dim
-    return jnp.squeeze(x, tuple(d for d in map(functools.partial(_axis, x), dims) if x.shape[d] == 1))
-
-
-def _slice(x, dim=0, start=None, end=None, step=1):
-    return x[_at(x, dim, slice(start, end, step))]
+    axes = {_axis(x, d) for d in dims}
+    return jnp.squeeze(x, tuple(d for d in axes if x.shape[d] == 1))
 
 
 def _split_with_sizes(x, split_sizes, dim=0):
@@ -253,12 +231,13 @@ def _gather(x, dim, index, *, sparse_grad=False):
     return jnp.take_along_axis(x, index, axis=axis)
 
 
-def _index(x, indices):
-    return x[tuple(slice(None) if i is None else i for i in indices)]
+def _indices(indices) -> tuple:
+    """``index.Tensor``'s list of index arrays (None: the whole axis) as a numpy-style index."""
+    return tuple(slice(None) if i is None else i for i in indices)
 
 
 def _index_put(x, indices, values, accumulate=False):
-    at = x.at[tuple(slice(None) if i is None else i for i in indices)]
+    at = x.at[_indices(indices)]
     return at.add(values) if accumulate else at.set(values)
 
 
@@ -283,38 +262,27 @@ def _no_ceil(ceil_mode: bool) -> None:
                                     "input on the right instead (F.pad) and use ceil_mode=False.")
 
 
+def _per_axis(v: int | Sequence[int], kernel_size: Sequence[int]) -> Sequence[int]:
+    return [v] * len(kernel_size) if isinstance(v, int) else v
+
+
 def _max_pool(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     _no_ceil(ceil_mode)
-    k = len(kernel_size)
-    padding, dilation = [padding] * k if isinstance(padding, int) else padding, \
-        [dilation] * k if isinstance(dilation, int) else dilation
-    y = _pool(x, kernel_size, stride, padding, dilation, -jnp.inf, lax.max)
+    y = _pool(x, kernel_size, stride, _per_axis(padding, kernel_size),
+              _per_axis(dilation, kernel_size), -jnp.inf, lax.max)
     return y, None  # the indices: only used for max_unpool, which is not translated
 
 
 def _avg_pool(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
               divisor_override=None):
     _no_ceil(ceil_mode)
-    k = len(kernel_size)
-    padding = [padding] * k if isinstance(padding, int) else padding
-    total = _pool(x, kernel_size, stride, padding, [1] * k, 0.0, lax.add)
+    window_sum = lambda a: _pool(a, kernel_size, stride, _per_axis(padding, kernel_size),
+                                 _per_axis(1, kernel_size), 0.0, lax.add)
     if divisor_override:
-        return total / divisor_override
+        return window_sum(x) / divisor_override
     if count_include_pad:
-        return total / math.prod(kernel_size)
-    return total / _pool(jnp.ones_like(x), kernel_size, stride, padding, [1] * k, 0.0, lax.add)
-
-
-def _full(size, fill_value, *, dtype=None, **memory):
-    return jnp.full(size, fill_value, jax_dtype(dtype))
-
-
-def _arange(start, end=None, step=1, *, dtype=None, **memory):
-    return jnp.arange(start, end, step, jax_dtype(dtype))
-
-
-def _to_copy(x, *, dtype=None, **memory):
-    return x if dtype is None else x.astype(jax_dtype(dtype))
+        return window_sum(x) / math.prod(kernel_size)
+    return window_sum(x) / window_sum(jnp.ones_like(x))
 
 
 def _identity(x, *args, **kwargs):
@@ -326,22 +294,27 @@ _SHAPES: dict[str, Callable] = {
     "permute": jnp.transpose, "expand": _expand, "squeeze": _squeeze,
     "unsqueeze": jnp.expand_dims, "flip": lambda x, dims: jnp.flip(x, tuple(dims)),
     "repeat": lambda x, repeats: jnp.tile(x, repeats),
-    "slice": _slice, "select": lambda x, dim, index: x[_at(x, dim, index)],
+    "slice": lambda x, dim=0, start=None, end=None, step=1: x[_at(x, dim, slice(start, end, step))],
+    "select": lambda x, dim, index: x[_at(x, dim, index)],
     "cat": lambda tensors, dim=0: jnp.concatenate(tensors, axis=dim),
     "split_with_sizes": _split_with_sizes,
     "slice_scatter": lambda x, src, dim=0, start=None, end=None, step=1:
         x.at[_at(x, dim, slice(start, end, step))].set(src),
     "select_scatter": lambda x, src, dim, index: x.at[_at(x, dim, index)].set(src),
-    "index": _index, "index_put": _index_put, "gather": _gather,
+    "index": lambda x, indices: x[_indices(indices)], "index_put": _index_put, "gather": _gather,
     "index_select": lambda x, dim, index: jnp.take(x, index, axis=dim),
     "constant_pad_nd": _pad,
     "max_pool2d_with_indices": _max_pool, "max_pool3d_with_indices": _max_pool,
     "avg_pool2d": _avg_pool, "avg_pool3d": _avg_pool,
-    "full": _full, "full_like": lambda x, fill_value, *, dtype=None, **memory:
+    "full": lambda size, fill_value, *, dtype=None, **memory:
+        jnp.full(size, fill_value, jax_dtype(dtype)),
+    "full_like": lambda x, fill_value, *, dtype=None, **memory:
         jnp.full_like(x, fill_value, jax_dtype(dtype)),
-    "scalar_tensor": lambda s, *, dtype=None, **memory: jnp.asarray(s, jax_dtype(dtype)
-                                                                     or jnp.float32),
-    "arange": _arange, "_to_copy": _to_copy,
+    "scalar_tensor": lambda s, *, dtype=None, **memory:
+        jnp.asarray(s, jax_dtype(dtype) or jnp.float32),  # torch's default dtype
+    "arange": lambda start, end=None, step=1, *, dtype=None, **memory:
+        jnp.arange(start, end, step, jax_dtype(dtype)),
+    "_to_copy": lambda x, *, dtype=None, **memory: x.astype(jax_dtype(dtype) or x.dtype),
     "copy": lambda x, src, non_blocking=False: jnp.broadcast_to(src, x.shape).astype(x.dtype),
     "clone": _identity, "alias": _identity,
     "sym_size": lambda x, dim: x.shape[dim],

@@ -190,12 +190,12 @@ def _apply_fn(program: ExportedProgram) -> Callable[[Variables, jax.Array], jax.
 
     def apply_fn(variables: Variables, x: jax.Array) -> jax.Array:
         inputs = [x if s.kind == InputKind.USER_INPUT else variables.get(s.target) for s in specs]
-        return interpret(graph_module, inputs)[outputs[0]]
+        return _interpret(graph_module, inputs)[outputs[0]]
 
     return apply_fn
 
 
-def interpret(module: fx.GraphModule, inputs: Sequence) -> tuple:
+def _interpret(module: fx.GraphModule, inputs: Sequence) -> tuple:
     """The outputs of ``module``'s ATen graph evaluated in JAX on ``inputs`` (its placeholders')."""
     env: dict[fx.Node, object] = {}
     remaining = iter(inputs)
@@ -213,8 +213,8 @@ def interpret(module: fx.GraphModule, inputs: Sequence) -> tuple:
 
 
 def _cond(pred, on_true: fx.GraphModule, on_false: fx.GraphModule, operands) -> tuple:
-    return lax.cond(pred, lambda ops: interpret(on_true, ops), lambda ops: interpret(on_false, ops),
-                    tuple(operands))
+    branch = lambda graph: lambda ops: _interpret(graph, ops)
+    return lax.cond(pred, branch(on_true), branch(on_false), tuple(operands))
 
 
 def _call(node: fx.Node, args, kwargs):
