@@ -171,9 +171,9 @@ def test_untranslated_operator_names_operator_and_module(monkeypatch):
 
 
 def test_unsupported_arguments_name_operator_and_module():
-    model = nn.Sequential(nn.Linear(3, 4), nn.Unflatten(1, (4, 1)), nn.ConvTranspose1d(4, 2, 2))
-    with pytest.raises(UnsupportedLayerError, match=r"aten\.convolution\.default of module '2' "
-                                                    r"\(ConvTranspose1d\): transposed"):
+    model = nn.Sequential(nn.Linear(3, 4), nn.Unflatten(1, (1, 4)), nn.MaxPool1d(3, ceil_mode=True))
+    with pytest.raises(UnsupportedLayerError, match=r"max_pool2d_with_indices\.default of module "
+                                                    r"'2' \(MaxPool1d\): pooling with ceil_mode"):
         translate(model, torch.randn(3, 3))
 
 
@@ -214,15 +214,39 @@ def _shapes(x):
             + x.float().double())
 
 
+class Convolutions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up1 = nn.ConvTranspose1d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2,
+                                      dilation=2)
+        self.up2 = nn.ConvTranspose2d(1, 2, (2, 3), stride=(1, 2), padding=(0, 1))
+
+    def forward(self, x):
+        return torch.cat([self.up1(x).flatten(1), self.up2(x[:, None]).flatten(1)], 1)
+
+
+class Functional(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
 def _normalization(x):
     return (F.layer_norm(x, x.shape[-1:]) + F.group_norm(x, 2) + F.max_pool1d(x, 3, 1, 1)
             + F.avg_pool1d(x, 3, 1, 1, count_include_pad=False) + F.avg_pool1d(x, 3, 1, 1))
 
 
-@pytest.mark.parametrize("fn", [_activations, _reductions, _shapes, _normalization])
-def test_operators_match_torch(fn):
-    model = type(fn.__name__, (nn.Module,), {"forward": lambda self, x: fn(x)})()
+@pytest.mark.parametrize("build", [
+    *(functools.partial(Functional, fn) for fn in (_activations, _reductions, _shapes,
+                                                    _normalization)), Convolutions],
+    ids=["activations", "reductions", "shapes", "normalization", "convolutions"])
+def test_operators_match_torch(build):
+    model = build().double()
     x = torch.randn(3, 4, 6, dtype=torch.float64)
     t = translate(model, x)
-    expected = fn(x).numpy()
+    with torch.no_grad():
+        expected = model(x).numpy()
     assert relative_error(forward(t, x, torch.float64), expected) <= FORWARD_RTOL[torch.float64]

@@ -145,15 +145,26 @@ _REDUCTIONS: dict[str, Callable] = {
 
 # ------------------------------------------------------------ linear algebra and normalization
 
+def _transposed(w, groups: int):
+    """A transposed convolution's weight ``(C_in, C_out / groups, *k)`` as the weight
+    ``(C_out, C_in / groups, *k)`` of the convolution computing it, its kernel flipped."""
+    w = w.reshape(groups, -1, *w.shape[1:]).swapaxes(1, 2).reshape(-1, w.shape[0] // groups,
+                                                                    *w.shape[2:])
+    return jnp.flip(w, tuple(range(2, w.ndim)))
+
+
 def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed:
-        raise UnsupportedLayerError("transposed convolutions (ConvTranspose) are not translated; "
-                                    "write them as a convolution of the dilated input.")
     spatial = "DHW"[-len(stride):]
-    numbers = (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
-    y = lax.conv_general_dilated(x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation,
-                                 dimension_numbers=numbers, feature_group_count=groups,
-                                 precision=_HIGHEST)
+    if transposed:  # the input dilated by the stride, padded to the transposed output's size
+        k = w.shape[2:]
+        padding = [(d * (n - 1) - p, d * (n - 1) - p + o)
+                   for n, p, d, o in zip(k, padding, dilation, output_padding)]
+        w, lhs_dilation, stride = _transposed(w, groups), stride, [1] * len(stride)
+    else:
+        padding, lhs_dilation = [(p, p) for p in padding], None
+    y = lax.conv_general_dilated(x, w, stride, padding, lhs_dilation, dilation,
+                                 (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}"),
+                                 feature_group_count=groups, precision=_HIGHEST)
     return y if b is None else y + b.reshape(-1, *(1,) * len(stride))
 
 
