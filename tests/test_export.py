@@ -214,6 +214,11 @@ def _shapes(x):
             + x.float().double())
 
 
+def _normalization(x):
+    return (F.layer_norm(x, x.shape[-1:]) + F.group_norm(x, 2) + F.max_pool1d(x, 3, 1, 1)
+            + F.avg_pool1d(x, 3, 1, 1, count_include_pad=False) + F.avg_pool1d(x, 3, 1, 1))
+
+
 class Convolutions(nn.Module):
     def __init__(self):
         super().__init__()
@@ -233,10 +238,6 @@ class Functional(nn.Module):
     def forward(self, x):
         return self.fn(x)
 
-
-def _normalization(x):
-    return (F.layer_norm(x, x.shape[-1:]) + F.group_norm(x, 2) + F.max_pool1d(x, 3, 1, 1)
-            + F.avg_pool1d(x, 3, 1, 1, count_include_pad=False) + F.avg_pool1d(x, 3, 1, 1))
 
 
 @pytest.mark.parametrize("build", [

@@ -148,8 +148,8 @@ _REDUCTIONS: dict[str, Callable] = {
 def _transposed(w, groups: int):
     """A transposed convolution's weight ``(C_in, C_out / groups, *k)`` as the weight
     ``(C_out, C_in / groups, *k)`` of the convolution computing it, its kernel flipped."""
-    w = w.reshape(groups, -1, *w.shape[1:]).swapaxes(1, 2).reshape(-1, w.shape[0] // groups,
-                                                                    *w.shape[2:])
+    (c_in, c_out), k = (w.shape[0] // groups, w.shape[1]), w.shape[2:]
+    w = w.reshape(groups, c_in, c_out, *k).swapaxes(1, 2).reshape(groups * c_out, c_in, *k)
     return jnp.flip(w, tuple(range(2, w.ndim)))
 
 
