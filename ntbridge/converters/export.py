@@ -145,7 +145,8 @@ def _dtype(model: nn.Module) -> torch.dtype:
 
 
 def _arrays(program: ExportedProgram, model: nn.Module) -> dict[str, Variables]:
-    """``{"params": ..., "state": ...}``: the tensors the graph reads, as JAX arrays (no copy)."""
+    """``{"params": ..., "state": ...}``: the tensors the graph reads, as JAX arrays (zero-copy views
+    where the layout allows; int64 constants become int32 unless x64 is on)."""
     tensors = {**dict(model.named_parameters(remove_duplicate=False)),
                **dict(model.named_buffers(remove_duplicate=False)), **program.constants}
     read = {n.name for n in program.graph.nodes if n.op == "placeholder" and n.users}
