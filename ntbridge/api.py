@@ -24,7 +24,7 @@ from . import batching
 from .converters import Graph, Kernels, convert
 from .converters.graph import compiled
 from .converters.registry import StdOption
-from .dlpack import kernel_dtype, precision, to_jax, to_torch
+from .dlpack import describe, kernel_dtype, precision, to_jax, to_torch
 from .empirical import (IMPLEMENTATIONS, Axes, empirical_nngp_fn, empirical_ntk_fn, int_tuple,
                         normalize_axes, swap_x1_x2)
 from .errors import InputError, InputTypeError, ShapeError
@@ -105,7 +105,8 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
 
     Returns:
       ``(N1, N2)`` kernels per output unit (the full kernel is ``K ⊗ I``), on x1's device (on the
-      host with ``store_on_device=False``; a tensor over the file's memory map with ``out``).
+      host with ``store_on_device=False``; with ``out``, a tensor over a copy-on-write memory map
+      of the file: writing to it leaves the file as computed).
 
     Example:
         >>> model = nn.Sequential(nn.Linear(3, 512), nn.ReLU(), nn.Linear(512, 1))
@@ -265,11 +266,20 @@ def empirical_nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None =
 
 class Estimate(NamedTuple):
     """A Monte-Carlo kernel estimate: the mean over ``n_samples`` initialisations and its
-    standard error (same shape), as torch tensors."""
+    standard error (same shape), as torch tensors.
+
+    Example:
+        >>> ntbridge.monte_carlo(model, torch.randn(8, 16), n_samples=100)  # the README's model
+        Estimate(mean=(8, 8) float32 cpu, n_samples=100, mean standard error 0.269)
+    """
 
     mean: torch.Tensor
     standard_error: torch.Tensor
     n_samples: int
+
+    def __repr__(self) -> str:
+        return (f"Estimate(mean={describe(self.mean)}, n_samples={self.n_samples}, "
+                f"mean standard error {self.standard_error.mean().item():.3g})")
 
 
 def _sample_counts(n_samples) -> list[int]:
@@ -331,7 +341,10 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
                                             swap=lambda k: swap_x1_x2(k, fixed))
                 part = Moments(count - done, jax.numpy.asarray(mean), jax.numpy.asarray(m2))
                 moments = part if moments is None else moments.merge(part)
-                hand = lambda a: _torch_result(a if store_on_device else np.asarray(a))
+                # fresh buffers a user may write to: the running mean feeds the next merge, and
+                # numpy views of JAX arrays are read-only
+                hand = lambda a: (to_torch(a.copy()) if store_on_device
+                                  else torch.from_numpy(np.array(a)))
                 estimate = Estimate(hand(moments.mean), hand(moments.standard_error), count)
             done = count
             yield estimate

@@ -58,7 +58,7 @@ class Batching:
       store_on_device: keep the result on the device (True) or gather tiles in host memory.
       progress: a tqdm bar; ``None`` = only for long runs attached to a terminal.
       out: a ``.npy`` path: the kernel is written there tile by tile (resumable) and returned as a
-        tensor over its memory map.
+        tensor over a copy-on-write memory map of it (writing to it leaves the file as computed).
       platform: the platform of the inputs ("cpu", "gpu"), whose devices compute the tiles; set
         by :func:`compute` from x1 (``None``: JAX's default).
     """
@@ -380,7 +380,9 @@ class _FileStore:
         self._write_record(self.done)
 
     def result(self) -> list:
-        return [self.map]
+        """The kernel, copy-on-write: a user's writes to it never reach the file (a later call
+        resumes from the file as computed)."""
+        return [np.lib.format.open_memmap(self.path, mode="c")]
 
 
 def _client():
