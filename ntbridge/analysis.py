@@ -60,6 +60,22 @@ class Fit(NamedTuple):
     standard_error: float
     intercept: float
 
+    @property
+    def uncertain(self) -> bool:
+        """Whether the sweep cannot tell the expected slope -0.5 from no convergence (0): the
+        standard error is larger than the slope's distance from both, or unknown (one seed).
+
+        Example:
+            >>> Fit(0.12, 0.8, 0.0).uncertain, Fit(-0.53, 0.04, 0.0).uncertain
+            (True, False)
+        """
+        distance = max(abs(self.slope + 0.5), abs(self.slope))
+        return not math.isnan(self.slope) and not self.standard_error <= distance
+
+    def __str__(self) -> str:
+        """``slope ± standard error``, e.g. ``-0.487 ± 0.021``."""
+        return f"{self.slope:+.3f} ± {self.standard_error:.3f}"
+
 
 @dataclasses.dataclass(frozen=True)
 class WidthSweep:
@@ -77,6 +93,12 @@ class WidthSweep:
     errors: dict[str, np.ndarray]
     parameterization: str
     layer_reference: str
+
+    def __repr__(self) -> str:
+        """A line; ``print(sweep)`` gives the table, ``sweep.errors`` the values."""
+        return (f"WidthSweep(widths={self.widths}, n_seeds={self.n_seeds}, "
+                f"quantities={tuple(self.errors)}, ntk slope {self.fit('ntk')}, "
+                f"{self.parameterization} parameterization)")
 
     @property
     def n_seeds(self) -> int:
@@ -115,16 +137,22 @@ class WidthSweep:
         header = ["width", *(_label(q) for q in self.errors)]
         rows = [[str(w), *(self._cell(q, i) for q in self.errors)] for i, w in enumerate(self.widths)]
         fits = [self.fit(q) for q in self.errors]
-        rows.append(["slope", *(f"{f.slope:+.3f} ± {f.standard_error:.3f}" for f in fits)])
+        rows.append(["slope", *map(str, fits)])
         return header, rows
 
     def _note(self) -> str:
         layers = ("per-layer errors: against the analytic NTK's contribution of each module"
                   if self.layer_reference == "analytic" else
                   "per-layer errors: each module's empirical contribution vs its mean over seeds")
-        return (f"Relative Frobenius error vs the infinite-width limit, mean ± std over "
-                f"{self.n_seeds} seeds ({self.parameterization} parameterization); NNGP: readout-"
-                f"conditional output covariance; {layers}; slope of log(error) vs log(width).")
+        note = (f"Relative Frobenius error vs the infinite-width limit, mean ± std over "
+                f"{self.n_seeds} seeds ({self.parameterization} parameterization); NNGP: "
+                f"readout-conditional output covariance; {layers}; slope of log(error) vs "
+                f"log(width).")
+        uncertain = [f"{_label(q)} {self.fit(q)}" for q in self.errors if self.fit(q).uncertain]
+        if uncertain:
+            note += (f"\nSlopes too uncertain to tell from -0.5 (or from 0, no convergence): "
+                     f"{', '.join(uncertain)}; use more seeds or wider widths.")
+        return note
 
     def __str__(self) -> str:
         header, rows = self._rows()

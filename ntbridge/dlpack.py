@@ -98,6 +98,22 @@ def to_torch(a: jax.Array) -> torch.Tensor:
     return torch.from_dlpack(a)
 
 
+def describe(a) -> str:
+    """The shape, dtype and device of a torch tensor, JAX array or numpy array, for reprs.
+
+    Example:
+        >>> describe(torch.zeros(20, 5))
+        '(20, 5) float32 cpu'
+    """
+    if isinstance(a, torch.Tensor):
+        device = str(a.device)
+    elif isinstance(a, jax.Array):
+        device = ",".join(f"{d.platform}:{d.id}" for d in sorted(a.devices(), key=lambda d: d.id))
+    else:
+        device = "host"
+    return f"{tuple(a.shape)} {str(a.dtype).removeprefix('torch.')} {device}"
+
+
 def shares_memory(t: torch.Tensor, a: jax.Array) -> bool:
     """Whether torch tensor ``t`` and JAX array ``a`` start at the same address (no copy was made)."""
     return t.data_ptr() == a.unsafe_buffer_pointer()

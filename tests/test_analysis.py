@@ -1,5 +1,6 @@
 import csv
 import io
+import math
 import sys
 
 import numpy as np
@@ -8,7 +9,7 @@ import torch
 from torch import nn
 
 import ntbridge
-from ntbridge.analysis import analytic_ntk_by_layer, width_sweep
+from ntbridge.analysis import Fit, WidthSweep, analytic_ntk_by_layer, width_sweep
 from ntbridge.errors import InputError
 
 D_IN = 64
@@ -126,3 +127,31 @@ def test_bad_arguments():
                     n_seeds=1)
     with pytest.raises(ntbridge.errors.InputTypeError, match="nn.Module"):
         width_sweep(lambda w: "model", [8], torch.randn(3, 8), n_seeds=1)
+
+
+def sweep_of(errors: dict) -> WidthSweep:
+    return WidthSweep((64, 256), {q: np.array(e) for q, e in errors.items()}, "standard", "analytic")
+
+
+def test_a_slope_too_uncertain_to_tell_from_minus_one_half_is_said_in_words():
+    # NTK: mean 0.10 then 0.12 (slope +0.13) over seeds spread from 0.02 to 0.22 (standard error
+    # about 0.9); NNGP: -0.5 exactly, with a small spread
+    sweep = sweep_of({"ntk": [[0.02, 0.18], [0.02, 0.22]], "nngp": [[0.19, 0.21], [0.095, 0.105]]})
+    ntk, nngp = sweep.fit("ntk"), sweep.fit("nngp")
+    assert ntk.slope > 0 and ntk.standard_error > 0.6 and ntk.uncertain and not nngp.uncertain
+    words = (f"Slopes too uncertain to tell from -0.5 (or from 0, no convergence): NTK {ntk}; use "
+             f"more seeds or wider widths.")
+    assert str(ntk) == f"{ntk.slope:+.3f} ± {ntk.standard_error:.3f}"
+    assert str(sweep).endswith("\n" + words)
+    assert words in sweep.to_markdown() and "NNGP" not in words
+
+
+def test_a_slope_told_apart_from_zero_has_no_caveat():
+    # -0.53 ± 0.04 is within its error of -0.5 but far from 0; -0.3 ± 0.01 is far from both
+    assert not Fit(-0.53, 0.04, 0.0).uncertain and not Fit(-0.3, 0.01, 0.0).uncertain
+    assert Fit(-0.3, 0.35, 0.0).uncertain and Fit(-0.5, math.nan, 0.0).uncertain
+    assert not Fit(math.nan, math.nan, math.nan).uncertain  # one width: no slope to speak of
+    precise = sweep_of({"ntk": [[0.19, 0.21], [0.095, 0.105]]})
+    assert "too uncertain" not in str(precise)
+    one_seed = sweep_of({"ntk": [[0.2], [0.1]]})
+    assert "too uncertain to tell from -0.5 (or from 0, no convergence): NTK -0.500 ± nan" in str(one_seed)

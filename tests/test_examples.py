@@ -1,4 +1,5 @@
-"""Each example runs to completion, at reduced sizes (NTBRIDGE_EXAMPLE_QUICK=1)."""
+"""Each example runs to completion, at reduced sizes (NTBRIDGE_EXAMPLE_QUICK=1), and writes only
+into the directory given by ``--out``."""
 
 import os
 import subprocess
@@ -14,6 +15,7 @@ EXPECTED = {
     "cnn_kernels.py": "head: global average pooling",
     "kernel_regression.py": "finite MLP",
 }
+WRITES = {"width_analysis.py": {"width_analysis.png", "width_analysis.csv"}}  # into --out
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -21,9 +23,15 @@ def test_example_runs(name, tmp_path):
     if name == "kernel_regression.py":
         pytest.importorskip("sklearn", reason="the digits data set ships with scikit-learn")
     env = {**os.environ, "NTBRIDGE_EXAMPLE_QUICK": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / name)], cwd=tmp_path, env=env,
+    cwd, out_dir = tmp_path / "cwd", tmp_path / "out"
+    cwd.mkdir()
+    args = ["--out", str(out_dir)] if name in WRITES else []
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], cwd=cwd, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert EXPECTED[name] in out.stdout
-    if name == "width_analysis.py":
-        assert (tmp_path / "width_analysis.png").read_bytes()[:4] == b"\x89PNG"
+    assert list(cwd.iterdir()) == []
+    if name in WRITES:
+        assert {p.name for p in out_dir.iterdir()} == WRITES[name]
+        assert (out_dir / "width_analysis.png").read_bytes()[:4] == b"\x89PNG"
+        assert (out_dir / "width_analysis.csv").read_text().startswith("quantity,width,")

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from .. import programs
+from ..dlpack import describe
 from ..errors import InitMismatchWarning, InputError, NtbridgeError, UnsupportedLayerError
-from ..stax import Kernel, Layer, dag, input_kernel
+from ..stax import INPUT, Kernel, Layer, dag, input_kernel
 from ..stax.kernel import swap_perm, symmetrize
 from ..tiling import Task
 from .registry import Context, Options, find_converter, init_mismatch, supported_types
@@ -23,10 +24,21 @@ KERNEL_NAMES = ("nngp", "ntk")
 
 
 class Kernels(NamedTuple):
-    """The analytic kernels asked for with ``get``; those not asked for are None."""
+    """The analytic kernels asked for with ``get``; those not asked for are None.
+
+    Example:
+        >>> k = ntbridge.kernel(model, torch.randn(20, 16), torch.randn(5, 16))
+        >>> k                        # a summary; the values are k.nngp and k.ntk
+        Kernels(nngp=(20, 5) float32 cpu, ntk=(20, 5) float32 cpu)
+    """
 
     nngp: Any = None
     ntk: Any = None
+
+    def __repr__(self) -> str:
+        kernels = (f"{name}={'None' if k is None else describe(k)}"
+                   for name, k in self._asdict().items())
+        return f"Kernels({', '.join(kernels)})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +53,12 @@ class Node:
     hyper: dict
     inputs: tuple[int, ...]  # the nodes feeding this one; stax.INPUT (-1) is the model's input
     init_checks: tuple = ()  # (label, tensor, fan_in) the analytic kernel assumes torch-initialised
+
+    def __repr__(self) -> str:
+        """``(name): Module(...)`` and its hyper-parameters, e.g.
+        ``(0): Linear(in_features=3, out_features=8, bias=True) W_std=0.577 b_std=0.333``."""
+        hyper = "".join(f" {k}={v:.3g}" for k, v in self.hyper.items() if v is not None)
+        return f"({self.name}): {self.module!r}{hyper}"
 
     @property
     def where(self) -> str:
@@ -136,6 +154,12 @@ class Graph:
 
     Example:
         >>> g = ntbridge.convert(nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 1)))
+        >>> g                        # its layers; the torch modules are g.layers[i].module
+        Graph(
+          (0): Linear(in_features=3, out_features=8, bias=True) W_std=0.577 b_std=0.333
+          (1): ReLU()
+          (2): Linear(in_features=8, out_features=1, bias=True) W_std=0.577 b_std=0.204
+        )
         >>> g.apply_fn(g.params, jnp.ones((5, 3))).shape
         (5, 1)
         >>> g.kernel_fn(jnp.ones((5, 3)), get="ntk").shape
@@ -151,6 +175,15 @@ class Graph:
         self.apply_fn = functools.partial(_apply, self.network, layout)
         """The model's forward pass ``apply_fn(params, x)``, ``(N, *input) -> (N, *output)``."""
         self._init_checked = False
+
+    def __repr__(self) -> str:
+        """One line per layer (see the class example); ``<- a, b`` names the layers feeding one
+        that is not fed by the layer before it alone."""
+        names = lambda inputs: ", ".join("input" if i == INPUT else self.layers[i].name
+                                         for i in inputs)
+        lines = [f"  {n!r}" + ("" if n.inputs == (n.index - 1,) else f" <- {names(n.inputs)}")
+                 for n in self.layers]
+        return "\n".join(["Graph(", *lines, ")"])
 
     def init_fn(self, key: jax.Array, input_shape: tuple[int, ...]) -> tuple[tuple, Params]:
         """Fresh parameters from the init distribution in use; returns ``(output_shape, params)``."""

@@ -24,7 +24,7 @@ class Batching:
       store_on_device: keep the result on the device (True) or gather tiles in host memory.
       progress: a tqdm bar; ``None`` = only for long runs attached to a terminal.
       out: a ``.npy`` path: the kernel is written there tile by tile (resumable) and returned as a
-        tensor over its memory map.
+        tensor over a copy-on-write memory map of it (writing to it leaves the file as computed).
       platform: the platform of the inputs ("cpu", "gpu"), whose devices compute the tiles; set
         from x1 when the request runs (``None``: JAX's default).
 
