@@ -22,10 +22,8 @@ import torch
 from .converters import Kernels
 from .converters.registry import StdOption
 from .dlpack import abstract, describe
-from .empirical import IMPLEMENTATIONS, int_tuple, nngp_task, ntk_task
+from .empirical import IMPLEMENTATIONS, Moments, int_tuple, nngp_task, ntk_task, sample_task
 from .errors import InputError, InputTypeError
-# imported before ntbridge/__init__ binds the name ``monte_carlo`` to the function below
-from .monte_carlo import Moments, sample_task
 from .pipeline import Request, platform, run
 from .tiling import Batching
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .empirical import IMPLEMENTATIONS
+from .options import IMPLEMENTATIONS
 from .errors import NtbridgeError
 
 BAD_INPUT = 2

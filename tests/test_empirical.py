@@ -9,7 +9,8 @@ from torch import nn
 
 import ntbridge
 from ntbridge import stax
-from ntbridge.empirical import STRATEGIES, StrategyInfo, _affine_tail, empirical_ntk_fn
+from ntbridge.empirical import STRATEGIES, StrategyInfo, empirical_ntk_fn
+from ntbridge.empirical.structured import affine_tail
 from ntbridge.errors import InputError, InputTypeError
 
 from reference import full_ntk
@@ -172,7 +173,7 @@ def test_affine_tail_cotangents(name):
     make, shape, tail = AFFINE_TAILS[name]
     model = make().double()
     x1, x2 = torch.randn(3, *shape, dtype=torch.float64), torch.randn(2, *shape, dtype=torch.float64)
-    assert _affine_tail(ntbridge.convert(model).layers) == tail
+    assert affine_tail(ntbridge.convert(model).layers) == tail
     assert_by_layer(model, x1, x2, "structured", torch.float64)
 
 

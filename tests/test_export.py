@@ -71,12 +71,8 @@ def test_any_batch_size(name):
     assert relative_error(one, expected[:1]) <= FORWARD_RTOL[torch.float64]
 
 
-NTVP_BUG = pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "ntbridge.empirical._ntvp_columns makes its cotangents in the input's dtype, integer here; "
-    "they need the output's dtype"))
 CASES = [(name, "jacobian") for name in ZOO] + [
-    pytest.param(name, "ntvp", marks=[NTVP_BUG] if name == "embedding" else [])
-    for name in ZOO if name != "transformer"]  # the transformer's ntvp program compiles slowly
+    (name, "ntvp") for name in ZOO if name != "transformer"]  # the transformer's ntvp program compiles slowly
 
 
 @pytest.mark.parametrize("name, strategy", CASES)

@@ -15,9 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .converters import Graph
-from .empirical import Axes, empirical_nngp_fn, empirical_ntk_fn, normalize_axes
-from .tiling import Task
+from ..converters.graph import Graph
+from ..tiling import Task
+from .axes import Axes, normalize_axes
+from .choose import empirical_ntk_fn
+from .nngp import empirical_nngp_fn
 
 
 class Moments(NamedTuple):

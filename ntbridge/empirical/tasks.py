@@ -1,0 +1,47 @@
+"""Empirical kernels as tasks of the request pipeline (:func:`ntbridge.tiling.compute`)."""
+
+from __future__ import annotations
+
+import jax
+
+from ..errors import InputError, InputTypeError
+from ..tiling import Task
+from .axes import Axes, normalize_axes
+from .choose import _Dispatch, StrategyInfo
+from .nngp import outputs_product
+
+
+def _trainable(graph) -> tuple[dict, dict]:
+    """``(params, state)``: the graph's arrays that are torch parameters, and the others (buffers)."""
+    names = {n.key(p) for n in graph.layers for p, _ in n.module.named_parameters(recurse=False)}
+    return ({k: v for k, v in graph.params.items() if k in names},
+            {k: v for k, v in graph.params.items() if k not in names})
+
+
+def ntk_task(graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None, *,
+             implementation: str, trace_axes, diagonal_axes, by_layer: bool, interact: bool,
+             platform: str) -> tuple[Task, StrategyInfo]:
+    """The empirical NTK of ``graph`` at its parameters, as a task for :func:`ntbridge.tiling.compute`."""
+    params, state = _trainable(graph)
+    if not params:
+        raise InputError("the model has no parameters, so its empirical NTK is undefined; "
+                         "use ntbridge.empirical_nngp, or the analytic ntbridge.ntk.")
+    model_dtype = {p.dtype for p in params.values()}
+    if model_dtype != {x1.dtype}:
+        raise InputTypeError(f"the model's parameters are {model_dtype.pop()} but x1 is "
+                             f"torch.{x1.dtype}; convert one to the other, e.g. model.to(torch.{x1.dtype}).")
+    run, info, axes, computation = _Dispatch(graph, implementation, interact).plan(
+        params, x1, x2, trace_axes=trace_axes, diagonal_axes=diagonal_axes, by_layer=by_layer,
+        state=state, out_ndim=len(graph.output_shape(x1.shape)), platform=platform)
+    return Task(("empirical_ntk", *computation), run, axes.swap_perm, (params, state)), info
+
+
+def nngp_task(graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None, *, trace_axes,
+              diagonal_axes, interact: bool) -> tuple[Task, None]:
+    """The outputs' products of ``graph`` at its parameters, as a task."""
+    out_ndim = len(graph.output_shape(x1.shape))
+    axes = Axes(out_ndim, *normalize_axes(trace_axes, diagonal_axes, out_ndim))
+    nngp = outputs_product(graph.apply_fn, interact)
+    return Task(("empirical_nngp", graph.signature, axes, interact),
+                lambda params, a1, a2: nngp(params, a1, a2, axes), axes.swap_perm,
+                graph.params), None
