@@ -1,6 +1,9 @@
 """ntbridge benchmarks: ratios measured side by side in one process (absolute times drift).
 
-Run: python benchmarks/run.py [--quick] [--empirical-only] [--device cuda]
+Run: python benchmarks/run.py [--quick] [--empirical-only] [--device cuda] [--nt-python PATH]
+
+First calls (compilations, an empty vs a warm compilation cache, Neural Tangents' first call with
+``--nt-python``) and the command line's start-up come from ``first_call.py``, in fresh processes.
 
 JAX sees one CPU device, as in a user's process; the device-scaling rows run in a child process
 with four CPU devices (sharing the cores).
@@ -21,6 +24,9 @@ from torch import nn
 
 import ntbridge
 from ntbridge.dlpack import shares_memory, to_jax, to_torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import first_call  # noqa: E402  (this folder's first-call rows)
 
 
 def finish(result) -> None:
@@ -284,6 +290,8 @@ def main() -> None:
     parser.add_argument("--empirical-only", action="store_true", help="the empirical NTK rows only")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the empirical NTK rows put the torch model and inputs")
+    parser.add_argument("--nt-python", metavar="PATH",
+                        help="a Python with neural-tangents 0.6.5 (see first_call.py)")
     parser.add_argument("--device-scaling", type=int, metavar="N", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device_scaling:  # the child process of analytic_rows
@@ -298,6 +306,7 @@ def main() -> None:
     if args.device == "cpu":
         cpu_convolution(50 if args.quick else 250)
     if not args.empirical_only:
+        first_call.rows(1 if args.quick else 3, args.nt_python)
         analytic_rows(n, args.quick)
     empirical_wide_mlp(64 if args.quick else 256, repeats, args.device)
     empirical_cnn(repeats, args.device)

@@ -6,14 +6,51 @@ Example:
     >>> x = torch.randn(8, 3)
     >>> ntbridge.ntk(model, x).shape
     torch.Size([8, 8])
+
+The public names below are imported on first use, so that ``import ntbridge`` (and the
+``ntbridge`` command's ``--help``) loads neither torch nor JAX until a kernel is asked for.
 """
 
-from . import analysis, errors, predict, programs, stax, testing, tiling
-from .api import Estimate, empirical_nngp, empirical_ntk, kernel, monte_carlo, nngp, ntk
-from .converters import Graph, Kernels, convert
-from .converters import register as register_converter
+from __future__ import annotations
+
+import importlib
+import os
+from typing import TYPE_CHECKING
+
+# JAX preallocates most of a GPU's memory on first use, starving torch in the same process.
+# Unless the user configured it, ntbridge asks JAX to allocate on demand (see the README).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 __version__ = "0.1.0"
 
-__all__ = ["Estimate", "Graph", "Kernels", "analysis", "convert", "monte_carlo", "predict", "programs", "testing", "empirical_nngp", "empirical_ntk", "errors", "kernel",
-           "nngp", "ntk", "register_converter", "stax", "tiling"]
+_EXPORTS = {  # public name -> (module, attribute)
+    "Estimate": ("api", "Estimate"), "empirical_nngp": ("api", "empirical_nngp"),
+    "empirical_ntk": ("api", "empirical_ntk"), "kernel": ("api", "kernel"),
+    "monte_carlo": ("api", "monte_carlo"), "nngp": ("api", "nngp"), "ntk": ("api", "ntk"),
+    "Graph": ("converters", "Graph"), "Kernels": ("converters", "Kernels"),
+    "convert": ("converters", "convert"), "register_converter": ("converters", "register"),
+}
+_MODULES = ("analysis", "errors", "predict", "programs", "stax", "testing", "tiling")
+__all__ = sorted([*_EXPORTS, *_MODULES])
+
+if TYPE_CHECKING:  # what the lazy imports bind, for type checkers and editors
+    from . import analysis, errors, predict, programs, stax, testing, tiling  # noqa: F401
+    from .api import (Estimate, empirical_nngp, empirical_ntk, kernel, monte_carlo,  # noqa: F401
+                      nngp, ntk)
+    from .converters import Graph, Kernels, convert  # noqa: F401
+    from .converters import register as register_converter  # noqa: F401
+
+
+def __getattr__(name: str):
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ntbridge' has no attribute {name!r}")
+    module, attribute = _EXPORTS[name]
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

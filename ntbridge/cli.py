@@ -1,5 +1,8 @@
 """The ``ntbridge`` command: kernels of torch models from the shell, and kernel checks for CI.
 
+It starts fast: torch and JAX are imported only by the subcommands that compute (``demo``,
+``kernel``, ``sweep``), when they run; ``--help`` and ``compare`` import neither.
+
 Subcommands (``ntbridge SUBCOMMAND --help`` for each):
 
 * ``demo``: the kernels of a small MLP and a width sweep (table and plot).
@@ -28,11 +31,9 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
-from torch import nn
 
-from .options import IMPLEMENTATIONS
 from .errors import NtbridgeError
+from .options import IMPLEMENTATIONS
 
 BAD_INPUT = 2
 
@@ -42,6 +43,7 @@ class BadInput(Exception):
 
 
 def _mlp(width: int, d_in: int = 16) -> nn.Sequential:
+    from torch import nn
     return nn.Sequential(nn.Linear(d_in, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                          nn.Linear(width, 1))
 
@@ -81,6 +83,7 @@ def _load_callable(spec: str) -> Callable:
 
 
 def _module(obj, spec: str) -> nn.Module:
+    from torch import nn
     if not isinstance(obj, nn.Module):
         raise BadInput(f"MODEL {spec!r} returned {type(obj).__name__}, not a torch.nn.Module.")
     return obj
@@ -88,6 +91,7 @@ def _module(obj, spec: str) -> nn.Module:
 
 def _torch_load(path: str, what: str):
     """``torch.load(weights_only=True)``: tensors and plain containers only, never other objects."""
+    import torch
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -99,6 +103,7 @@ def _torch_load(path: str, what: str):
 
 
 def _load_weights(model: nn.Module, path: str) -> None:
+    import torch
     state = _torch_load(path, "weights file")
     if not (isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values())):
         raise BadInput(f"weights file {path!r} must hold a state dict (torch.save(model.state_dict(), "
@@ -118,6 +123,7 @@ def _load_array(path: str, name: str) -> np.ndarray:
         except (OSError, ValueError, EOFError) as e:
             raise BadInput(f"cannot read {name} {path!r} as a .npy array without pickles: {e}") from None
     elif suffix == ".pt":
+        import torch
         a = _torch_load(path, name)
         if not isinstance(a, torch.Tensor):
             raise BadInput(f"{name} {path!r} must hold one tensor, got {type(a).__name__}.")
@@ -131,11 +137,13 @@ def _load_array(path: str, name: str) -> np.ndarray:
 
 
 def _load_input(path: str | None, name: str) -> torch.Tensor | None:
+    import torch
     return None if path is None else torch.from_numpy(_load_array(path, name))
 
 
 def _save(k: torch.Tensor, path: str) -> None:
     if Path(path).suffix == ".pt":
+        import torch
         torch.save(k.detach().cpu().clone(), path)
     elif Path(path).suffix == ".npy":
         np.save(path, k.detach().cpu().numpy())
@@ -164,6 +172,8 @@ def _write_plot(sweep, path: str) -> str | None:
 
 
 def demo(args) -> int:
+    import torch
+
     import ntbridge
 
     widths = _widths(args.widths)

@@ -18,17 +18,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Iterator
 
-# JAX preallocates most of a GPU's memory on first use, starving torch in the same process.
-# Unless the user configured it, ntbridge asks JAX to allocate on demand (see the README).
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+import jax
+import torch
 
-import jax  # noqa: E402
-import torch  # noqa: E402
-
-from .errors import InputError, InputTypeError  # noqa: E402
+from .errors import InputError, InputTypeError
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import sys
+
 import numpy as np
-import torch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,8 @@ class KernelComparison:
 
 
 def _numpy(k, name: str) -> np.ndarray:
-    if isinstance(k, torch.Tensor):
+    torch = sys.modules.get("torch")  # not imported: k cannot be a torch tensor
+    if torch is not None and isinstance(k, torch.Tensor):
         k = k.detach().cpu().numpy()
     a = np.asarray(k)
     if not np.issubdtype(a.dtype, np.floating):

@@ -173,3 +173,17 @@ def test_compare_exit_codes(work, monkeypatch, capsys):
     for bad in ("text.npy", "missing.npy", "junk.npy"):
         assert main("a.npy", bad) == 2, bad
         assert "error:" in capsys.readouterr().err
+
+
+def test_help_and_compare_import_neither_torch_nor_jax(tmp_path):
+    """The command starts fast: --help (of the command and of a subcommand) and compare load
+    neither torch nor JAX."""
+    path = tmp_path / "a.npy"
+    np.save(path, np.eye(3))
+    code = (f"import sys\nfrom ntbridge import cli\n"
+            f"for argv in (['--help'], ['kernel', '--help'], ['compare', {str(path)!r}, {str(path)!r}]):\n"
+            f"    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
+            f"print('loaded:', sorted(m for m in ('torch', 'jax') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "loaded: []"
