@@ -53,32 +53,46 @@ def _relu6(x):
     return jnp.clip(x, 0.0, 6.0)
 
 
-# torch module type -> (module -> its exact elementwise function in JAX)
+_SCALE = (-2.0, -1.0, 1.0, 2.0)  # where the sigmoid family changes fastest: quadrature breaks
+
+
+def _threshold(x, threshold: float, value: float):
+    return jnp.where(x > threshold, x, value)
+
+
+# torch module type -> (module -> (its exact elementwise function in JAX, its kinks, more breaks)):
+# the kinks are the inputs where the function or its derivative is not smooth (or jumps), the breaks
+# where it changes fastest (see stax.quadrature).
 TWINS = {
-    nn.Tanh: lambda m: jnp.tanh,
-    nn.Sigmoid: lambda m: jax.nn.sigmoid,
-    nn.SiLU: lambda m: jax.nn.silu,
-    nn.ELU: lambda m: lambda x: _elu(x, m.alpha),
-    nn.CELU: lambda m: lambda x: jnp.where(x > 0, x, m.alpha * jnp.expm1(jnp.minimum(x, 0.0) / m.alpha)),
-    nn.SELU: lambda m: jax.nn.selu,
-    nn.Softplus: lambda m: lambda x: _softplus(x, m.beta, m.threshold),
-    nn.Mish: lambda m: lambda x: x * jnp.tanh(_softplus(x)),
-    nn.Hardtanh: lambda m: lambda x: jnp.clip(x, m.min_val, m.max_val),  # and ReLU6
-    nn.Hardswish: lambda m: lambda x: x * _relu6(x + 3.0) / 6.0,
-    nn.Hardsigmoid: lambda m: lambda x: _relu6(x + 3.0) / 6.0,
-    nn.LogSigmoid: lambda m: jax.nn.log_sigmoid,
-    nn.Softsign: lambda m: lambda x: x / (1.0 + jnp.abs(x)),
-    nn.Tanhshrink: lambda m: lambda x: x - jnp.tanh(x),
-    nn.Softshrink: lambda m: lambda x: jnp.where(x > m.lambd, x - m.lambd,
-                                                 jnp.where(x < -m.lambd, x + m.lambd, 0.0)),
-    nn.Hardshrink: lambda m: lambda x: jnp.where(jnp.abs(x) > m.lambd, x, 0.0),
-    nn.Threshold: lambda m: lambda x: jnp.where(x > m.threshold, x, m.value),
+    nn.Tanh: lambda m: (jnp.tanh, (), _SCALE),
+    nn.Sigmoid: lambda m: (jax.nn.sigmoid, (), _SCALE),
+    nn.SiLU: lambda m: (jax.nn.silu, (), _SCALE),
+    nn.ELU: lambda m: (lambda x: _elu(x, m.alpha), (0.0,), _SCALE),
+    nn.CELU: lambda m: (lambda x: jnp.where(x > 0, x, m.alpha * jnp.expm1(jnp.minimum(x, 0.0) / m.alpha)),
+                        (0.0,), _SCALE),
+    nn.SELU: lambda m: (jax.nn.selu, (0.0,), _SCALE),
+    # torch returns x itself above threshold / beta: a jump of log1p(exp(-threshold)) / beta
+    nn.Softplus: lambda m: (lambda x: _softplus(x, m.beta, m.threshold), (m.threshold / m.beta,),
+                            tuple(b / m.beta for b in _SCALE)),
+    nn.Mish: lambda m: (lambda x: x * jnp.tanh(_softplus(x)), (20.0,), _SCALE),
+    nn.Hardtanh: lambda m: (lambda x: jnp.clip(x, m.min_val, m.max_val), (m.min_val, m.max_val), ()),
+    nn.Hardswish: lambda m: (lambda x: x * _relu6(x + 3.0) / 6.0, (-3.0, 3.0), ()),
+    nn.Hardsigmoid: lambda m: (lambda x: _relu6(x + 3.0) / 6.0, (-3.0, 3.0), ()),
+    nn.LogSigmoid: lambda m: (jax.nn.log_sigmoid, (), _SCALE),
+    nn.Softsign: lambda m: (lambda x: x / (1.0 + jnp.abs(x)), (0.0,), _SCALE),
+    nn.Tanhshrink: lambda m: (lambda x: x - jnp.tanh(x), (), _SCALE),
+    nn.Softshrink: lambda m: (lambda x: jnp.where(x > m.lambd, x - m.lambd,
+                                                  jnp.where(x < -m.lambd, x + m.lambd, 0.0)),
+                              (-m.lambd, m.lambd), ()),
+    nn.Hardshrink: lambda m: (lambda x: jnp.where(jnp.abs(x) > m.lambd, x, 0.0), (-m.lambd, m.lambd), ()),
+    nn.Threshold: lambda m: (lambda x: _threshold(x, m.threshold, m.value), (m.threshold,), ()),
 }
 
 
 def _numerical(module: nn.Module, ctx: Context) -> stax.Layer:
     twin = next(TWINS[cls] for cls in type(module).__mro__ if cls in TWINS)  # ReLU6 is a Hardtanh
-    return stax.Numerical(twin(module), type(module).__name__)
+    fn, kinks, breaks = twin(module)
+    return stax.Numerical(fn, type(module).__name__, kinks, breaks)
 
 
 for _type in TWINS:

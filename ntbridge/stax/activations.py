@@ -12,7 +12,7 @@ function goes through :func:`Numerical` (quadrature, see ``quadrature.py``).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import InputError, UnsupportedLayerError
 from .kernel import Kernel, variances
 from .layers import Layer
-from .quadrature import DEFAULT_DEGREE, gaussian_rule
+from .quadrature import gaussian_rule
 
 Rule = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
@@ -49,13 +49,21 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str) -> 
     return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: fn(x), kernel_fn)
 
 
-def Numerical(fn: Callable[[jax.Array], jax.Array], name: str, degree: int = DEFAULT_DEGREE) -> Layer:
-    """Any elementwise ``fn`` (a JAX function), its kernel by quadrature (see ``quadrature.py``).
+def Numerical(fn: Callable[[jax.Array], jax.Array], name: str, kinks: Sequence[float] = (),
+              breaks: Sequence[float] = ()) -> Layer:
+    """Any elementwise ``fn`` (a JAX function, analytic between its ``kinks``: the inputs where it
+    or its derivative is not smooth, or jumps), its kernel by quadrature split at the kinks and at
+    ``breaks`` (where it changes fast); see ``quadrature.py``.
+
+    The NTK's factor ``f'`` is autodiff's derivative of ``fn``, as the empirical NTK sees it: where
+    ``fn`` jumps (Hardshrink, Threshold, torch's Softplus at its threshold) it has no delta term, so
+    the NTK is the width -> infinity limit of ``ntbridge.empirical_ntk``. (With the delta terms of
+    the distributional derivative the NTK would be infinite at equal inputs.)
 
     Example:
-        >>> layer = Numerical(jnp.tanh, "Tanh")
+        >>> layer = Numerical(lambda x: jnp.clip(x, 0.0, 6.0), "ReLU6", kinks=(0.0, 6.0))
     """
-    return elementwise(fn, gaussian_rule(fn, degree), name)
+    return elementwise(fn, gaussian_rule(fn, kinks, breaks), name)
 
 
 def _fit(fn: Callable[[np.ndarray], np.ndarray]) -> tuple[float, ...]:
@@ -204,7 +212,8 @@ def Gelu(approximate: str = "none") -> Layer:
     """torch's ``nn.GELU(approximate)``: the erf form in closed form; ``"tanh"`` is a different
     function, whose kernel is computed numerically."""
     if approximate == "tanh":
-        return Numerical(lambda x: jax.nn.gelu(x, approximate=True), "GELU(tanh)")
+        return Numerical(lambda x: jax.nn.gelu(x, approximate=True), "GELU(tanh)",
+                         breaks=(-2.0, -1.0, 1.0, 2.0))
     return elementwise(lambda x: jax.nn.gelu(x, approximate=False), gelu_rule, "GELU")
 
 
