@@ -16,8 +16,8 @@ import torch
 from scipy import integrate
 from torch import nn
 
-from ntbridge.converters.activations import TWINS
-from ntbridge.stax.quadrature import gaussian_rule
+from ntbridge.converters.activations import twin
+from ntbridge.stax.activations import numerical_rule
 
 
 def _sp(x, beta=1.0, threshold=20.0):
@@ -131,9 +131,7 @@ def test_reference_converges():
 @pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-8), (np.float32, 2e-5)])
 @pytest.mark.parametrize("i", range(len(CASES)), ids=IDS)
 def test_kernel_rule_matches_reference(i, dtype, rtol, references):
-    module = CASES[i][0]
-    fn, kinks, breaks = next(TWINS[cls] for cls in type(module).__mro__ if cls in TWINS)(module)
-    rule = gaussian_rule(fn, kinks, breaks)
+    rule = numerical_rule(*twin(CASES[i][0]))
     q1, q2, rho = (np.array(v, dtype) for v in zip(*POINTS))
     c = rho * np.sqrt(q1 * q2)
     with jax.enable_x64(dtype == np.float64):
