@@ -233,16 +233,48 @@ def correlated(nodes: list[Node], inputs: tuple[int, ...]) -> str:
 
 # ------------------------------------------------------------ tracing
 
+_SCOPE = "ntbridge_scope"  # node.meta key: (qualified name, type name) of the enclosing module
+
+
 class _Tracer(fx.Tracer):
-    """Keeps registered module types (and torch's own modules) whole, as ``call_module`` nodes."""
+    """Keeps registered module types (and torch's own modules) whole, as ``call_module`` nodes,
+    and records in each node's meta the module whose ``forward`` created it (``_SCOPE``)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.scopes = [("", type(model).__name__)]
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return find_converter(m) is not None or super().is_leaf_module(m, qualname)
 
+    def call_module(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict):
+        self.scopes.append((self.path_of_module(m), type(m).__name__))
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            self.scopes.pop()
+
+    def create_node(self, *args, **kwargs) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        node.meta[_SCOPE] = self.scopes[-1]
+        return node
+
+
+def _origin(node: fx.Node) -> str:
+    """How error messages name a functional call: the operation and the user's module around it,
+    e.g. ``torch.cumsum in module '1.1' (MyModule)``."""
+    if node.op == "call_method":
+        operation = f"Tensor.{node.target}"
+    else:
+        module = getattr(node.target, "__module__", None) or "builtins"
+        operation = f"{module.lstrip('_')}.{getattr(node.target, '__name__', node.target)}"
+    path, kind = node.meta[_SCOPE]
+    return f"{operation} in module '{path}' ({kind})" if path else f"{operation} in {kind}.forward"
+
 
 def _trace(model: nn.Module) -> fx.Graph:
     try:
-        graph = fx.GraphModule(model, _Tracer().trace(model)).graph
+        graph = fx.GraphModule(model, _Tracer(model).trace(model)).graph
     except Exception as e:  # fx raises many types; none of them is the user's fault but the model's
         raise ConversionError(
             f"torch.fx could not trace {type(model).__name__}.forward ({type(e).__name__}: {e}). "
@@ -276,18 +308,22 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
         elif node.op == "output":
             nodes += _output(node, index, nodes, options)
         elif not _is_shape(node):
-            where = f"module {len(nodes)} '{node.name}'"
-            module, sources = (model.get_submodule(node.target), [*node.args, *node.kwargs.values()]) \
-                if node.op == "call_module" else _located(equivalent, where)(node)
-            if node.op == "call_module" and len(sources) != 1:
-                raise ConversionError(f"{where} ({type(module).__name__}) is called with "
-                                      f"{len(sources)} arguments; modules take one tensor.")
-            inputs = tuple(_source(a, index, where) for a in sources)
+            if node.op == "call_module":
+                module, sources = model.get_submodule(node.target), [*node.args, *node.kwargs.values()]
+                origin = f"module {len(nodes)} '{node.target}' ({type(module).__name__})"
+                if len(sources) != 1:
+                    raise ConversionError(f"{origin} is called with {len(sources)} arguments; "
+                                          f"modules take one tensor.")
+            else:
+                origin = _origin(node)
+                module, sources = _located(equivalent, origin)(node)
+            inputs = tuple(_source(a, index, origin) for a in sources)
             if isinstance(module, Add):
                 module = Add(correlated(nodes, inputs))
             name = node.target if node.op == "call_module" else node.name
             index[node] = len(nodes)
-            nodes.append(make_node(len(nodes), name, module, inputs, options))
+            nodes.append(make_node(len(nodes), name, module, inputs, options,
+                                   "" if node.op == "call_module" else origin))
     return nodes
 
 
