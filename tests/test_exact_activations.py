@@ -141,3 +141,33 @@ def test_kernel_rule_matches_reference(i, dtype, rtol, references):
         for name, value, (expected, size) in zip(("NNGP", "E f'f'"), (got[0][k], got[1][k]),
                                                  references[i, point]):
             assert abs(value - expected) <= rtol * size, (name, point, value, expected)
+
+
+PIECEWISE = [i for i, case in enumerate(CASES) if twin(case[0]).pieces is not None]
+
+
+@pytest.mark.parametrize("i", PIECEWISE, ids=[IDS[i] for i in PIECEWISE])
+def test_declared_pieces_are_the_function_and_its_derivative(i):
+    """The pieces (and their derivative) the rule integrates are the forward pass's function (and
+    autodiff's derivative), away from the kinks themselves."""
+    fn, _, pieces = twin(CASES[i][0])
+    x = np.linspace(-7, 7, 1401) + 0.0013
+    with jax.enable_x64(True):
+        value, slope = jax.jvp(fn, (x,), (np.ones_like(x),))
+        np.testing.assert_allclose(pieces(x), value, rtol=1e-14, atol=1e-14)
+        np.testing.assert_allclose(pieces.derivative()(x), slope, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_piecewise_rule_and_its_gradients_are_finite_at_degenerate_inputs(dtype):
+    """Zero variances, correlations +-1 and 0, a large variance: values and gradients finite."""
+    q1 = np.array([0.0, 0.0, 1.0, 2.0, 2.0, 3.0, 400.0], dtype)
+    q2 = np.array([0.0, 1.0, 0.0, 2.0, 2.0, 5.0, 400.0], dtype)
+    c = np.array([0.0, 0.0, 0.0, 2.0, -2.0, 0.0, 399.0], dtype)
+    for module in (nn.CELU(0.5), nn.Hardshrink(0.4)):  # an exponential piece; jumps
+        rule = numerical_rule(*twin(module))
+        total = lambda c, q1, q2: sum(jax.numpy.sum(a) for a in rule(c, q1, q2))
+        with jax.enable_x64(dtype == np.float64):
+            values = jax.jit(rule)(c, q1, q2)
+            grads = jax.jit(jax.grad(total, argnums=(0, 1, 2)))(c, q1, q2)
+        assert all(np.isfinite(np.asarray(a)).all() for a in (*values, *grads)), module

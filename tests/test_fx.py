@@ -9,6 +9,7 @@ from torch import nn
 import ntbridge
 from ntbridge import errors, stax
 from ntbridge.converters import fx as ntfx
+from ntbridge.converters.tracing import trace
 from ntbridge.dlpack import precision, to_jax, to_torch
 
 from montecarlo import assert_within_standard_error, sample_kernels
@@ -167,7 +168,7 @@ def traced(fn):
         def forward(self, x):
             return fn(x)
 
-    graph = ntfx._trace(M())
+    graph = trace(M())
     return [ntfx.equivalent(n) for n in graph.nodes
             if n.op in ("call_function", "call_method") and not ntfx._is_shape(n)]
 

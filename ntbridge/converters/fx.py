@@ -25,7 +25,8 @@ from ..errors import ConversionError, UnsupportedLayerError
 from ..stax import INPUT
 from ..stax.layers import without_kernel
 from .graph import Node, make_node
-from .registry import Context, Options, find_converter, register
+from .registry import Context, Options, register
+from .tracing import describe, trace
 
 
 class Add(nn.Module):
@@ -231,60 +232,7 @@ def correlated(nodes: list[Node], inputs: tuple[int, ...]) -> str:
     return ""
 
 
-# ------------------------------------------------------------ tracing
-
-_SCOPE = "ntbridge_scope"  # node.meta key: (qualified name, type name) of the enclosing module
-
-
-class _Tracer(fx.Tracer):
-    """Keeps registered module types (and torch's own modules) whole, as ``call_module`` nodes,
-    and records in each node's meta the module whose ``forward`` created it (``_SCOPE``)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.scopes = [("", type(model).__name__)]
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return find_converter(m) is not None or super().is_leaf_module(m, qualname)
-
-    def call_module(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict):
-        self.scopes.append((self.path_of_module(m), type(m).__name__))
-        try:
-            return super().call_module(m, forward, args, kwargs)
-        finally:
-            self.scopes.pop()
-
-    def create_node(self, *args, **kwargs) -> fx.Node:
-        node = super().create_node(*args, **kwargs)
-        node.meta[_SCOPE] = self.scopes[-1]
-        return node
-
-
-def _origin(node: fx.Node) -> str:
-    """How error messages name a functional call: the operation and the user's module around it,
-    e.g. ``torch.cumsum in module '1.1' (MyModule)``."""
-    if node.op == "call_method":
-        operation = f"Tensor.{node.target}"
-    else:
-        module = getattr(node.target, "__module__", None) or "builtins"
-        operation = f"{module.lstrip('_')}.{getattr(node.target, '__name__', node.target)}"
-    path, kind = node.meta[_SCOPE]
-    return f"{operation} in module '{path}' ({kind})" if path else f"{operation} in {kind}.forward"
-
-
-def _trace(model: nn.Module) -> fx.Graph:
-    try:
-        graph = fx.GraphModule(model, _Tracer(model).trace(model)).graph
-    except Exception as e:  # fx raises many types; none of them is the user's fault but the model's
-        raise ConversionError(
-            f"torch.fx could not trace {type(model).__name__}.forward ({type(e).__name__}: {e}). "
-            f"Data-dependent control flow (if/for/while on tensor values) cannot be traced. Rewrite "
-            f"the model as an nn.Sequential of supported modules, or register a converter for the "
-            f"module that cannot be traced (ntbridge.register_converter) so that it is kept whole."
-        ) from e
-    graph.eliminate_dead_code()
-    return graph
-
+# ------------------------------------------------------------ conversion of the traced nodes
 
 def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     """The converted nodes of ``model``'s traced ``forward``, in execution order.
@@ -295,7 +243,7 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     """
     nodes: list[Node] = []
     index: dict[fx.Node, int] = {}
-    for node in _trace(model).nodes:
+    for node in trace(model).nodes:
         if node.op == "placeholder":
             if index:
                 raise ConversionError(f"{type(model).__name__}.forward takes several inputs; "
@@ -315,7 +263,7 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
                     raise ConversionError(f"{origin} is called with {len(sources)} arguments; "
                                           f"modules take one tensor.")
             else:
-                origin = _origin(node)
+                origin = describe(node)
                 module, sources = _located(equivalent, origin)(node)
             inputs = tuple(_source(a, index, origin) for a in sources)
             if isinstance(module, Add):
