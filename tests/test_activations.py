@@ -15,7 +15,7 @@ from ntbridge import errors
 from ntbridge.dlpack import to_jax
 from ntbridge.stax import ab_relu_rule
 from ntbridge.stax.activations import erf_rule, gelu_rule, sign_rule, sin_rule
-from ntbridge.stax.quadrature import gaussian_rule
+from ntbridge.stax.quadrature import smooth_rule
 
 from montecarlo import assert_within_standard_error, sample_kernels
 
@@ -121,7 +121,7 @@ QUADRATURE = {
 @pytest.mark.parametrize("name", sorted(QUADRATURE))
 def test_quadrature_rule_matches_high_degree_gauss_hermite(name):
     f, df, jf = QUADRATURE[name]
-    rule = gaussian_rule(jf)
+    rule = smooth_rule(jf)
     for q1, q2, c in CASES + [(3.0, 2.0, 2.4), (4.0, 4.0, -4.0)]:
         nngp, dot = rule64(rule, c, q1, q2)
         for got, g in ((nngp, f), (dot, df)):

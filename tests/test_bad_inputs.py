@@ -52,6 +52,13 @@ def misaligned(x):
 
 
 # Each row: id -> (model, call(model, tmp_path), exception type, message regex). The call gets
+class Cumsum(nn.Module):
+    """A functional call without an equivalent module, inside a nested module."""
+
+    def forward(self, x):
+        return torch.cumsum(x, 1)
+
+
 # a fresh model; entry points named "all" are checked for every kernel function.
 ENTRY_POINTS = {
     "ntk": lambda m, x1, x2=None, **kw: ntbridge.ntk(m, x1, x2, **kw),
@@ -68,6 +75,10 @@ ROWS = {
                            r"module 1 '1' \(LSTMCell\) has no converter.*register_converter"),
     "untraceable-model": (Branchy, lambda m, p: ntbridge.empirical_ntk(m, X),
                           errors.ConversionError, r"torch.fx could not trace Branchy.forward"),
+    "unsupported-function": (lambda: nn.Sequential(nn.Linear(4, 8), nn.Sequential(nn.ReLU(), Cumsum())),
+                             lambda m, p: ntbridge.empirical_ntk(m, X), errors.UnsupportedLayerError,
+                             r"torch.cumsum in module '1.1' \(Cumsum\): call_function 'cumsum' has no "
+                             r"equivalent module"),
     "no-analytic-rule": (lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Tanh()),
                          lambda m, p: ntbridge.ntk(m, X), errors.UnsupportedLayerError,
                          r"module 2 '2' \(Tanh\).*needs a Gaussian input"),

@@ -9,6 +9,7 @@ from torch import nn
 import ntbridge
 from ntbridge import errors, stax
 from ntbridge.converters import fx as ntfx
+from ntbridge.converters.tracing import trace
 from ntbridge.dlpack import precision, to_jax, to_torch
 
 from montecarlo import assert_within_standard_error, sample_kernels
@@ -167,7 +168,7 @@ def traced(fn):
         def forward(self, x):
             return fn(x)
 
-    graph = ntfx._trace(M())
+    graph = trace(M())
     return [ntfx.equivalent(n) for n in graph.nodes
             if n.op in ("call_function", "call_method") and not ntfx._is_shape(n)]
 
@@ -200,20 +201,49 @@ def test_sums_and_concats_map_to_fan_in_modules():
     assert repr(cat) == repr(ntfx.Concat(-1)) and len(inputs) == 2
 
 
-@pytest.mark.parametrize("fn,message", [
-    (lambda x: x + 1, "addition of constants"), (lambda x: x * x, "product of two tensors"),
-    (lambda x: torch.flatten(x), "mixes the examples"), (lambda x: x.view(-1, 4), "flatten each"),
-    (torch.exp, "'exp' has no equivalent module.*register"),
-    (lambda x: x[:, :2], "'getitem' has no equivalent"),
-    (lambda x: torch.sigmoid(x, out=None), "unsupported arguments"),
+@pytest.mark.parametrize("fn,operation,message", [
+    (lambda x: x + 1, "operator.add", "addition of constants"),
+    (lambda x: x * x, "operator.mul", "product of two tensors"),
+    (lambda x: torch.flatten(x), "torch.flatten", "mixes the examples"),
+    (lambda x: x.view(-1, 4), "Tensor.view", "flatten each"),
+    (torch.exp, "torch.exp", "'exp' has no equivalent module.*register"),
+    (lambda x: x[:, :2], "operator.getitem", "'getitem' has no equivalent"),
+    (lambda x: torch.sigmoid(x, out=None), "torch.sigmoid", "unsupported arguments"),
 ])
-def test_unsupported_functional_calls_are_named(fn, message):
+def test_unsupported_functional_calls_are_named(fn, operation, message):
     class M(nn.Module):
         def forward(self, x):
             return fn(x)
 
-    with pytest.raises(errors.UnsupportedLayerError, match=r"module 0 '\w+'.*" + message):
+    with pytest.raises(errors.UnsupportedLayerError, match=rf"^{operation} in M\.forward: .*{message}"):
         ntbridge.convert(M())
+
+
+class Cumsum(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, 1)
+
+
+def test_errors_in_nested_modules_name_the_users_module_and_operation():
+    """Not the traced node's position ('module 2' is the last Linear here) but where it is written."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.ReLU(), Cumsum()), nn.Linear(4, 1))
+    with pytest.raises(errors.UnsupportedLayerError,
+                       match=r"^torch\.cumsum in module '1\.1' \(Cumsum\): .*'cumsum' has no equivalent"):
+        ntbridge.convert(model)
+
+
+def test_kernel_errors_of_functional_calls_name_the_users_module():
+    class Residual(nn.Module):
+        def forward(self, h):
+            return h + torch.relu(h)
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.Tanh(), nn.Linear(4, 4), Residual()))
+    graph = ntbridge.convert(model)
+    assert [n.where for n in graph.layers][-2:] == [
+        "torch.relu in module '1.2' (Residual)", "operator.add in module '1.2' (Residual)"]
+    with pytest.raises(errors.UnsupportedLayerError, match=r"^operator\.add in module '1\.2' \(Residual\): "
+                                                           r"the summed branches .* may be correlated"):
+        ntbridge.ntk(model, torch.randn(2, 3))
 
 
 GUARDED = [
@@ -260,7 +290,8 @@ def two_linear(forward):
 ])
 def test_correlated_sums_refuse_the_analytic_kernel_only(forward):
     model, x = two_linear(forward), torch.randn(3, 4)
-    with pytest.raises(errors.UnsupportedLayerError, match=r"'add\w*' \(Add\).*correlated.*empirical_ntk"):
+    with pytest.raises(errors.UnsupportedLayerError,
+                       match=r"^(operator|torch)\.add in M\.forward: .*correlated.*empirical_ntk"):
         ntbridge.ntk(model, x)
     assert rel_error(apply(model, x), model(x).detach()) <= 1e-5
     assert rel_error(ntbridge.empirical_ntk(model, x), empirical_ntk(model, x, x)) <= 1e-5

@@ -6,11 +6,15 @@ Each JAX twin below is exactly the function the torch module computes, with its 
 
 from __future__ import annotations
 
+import math
+from typing import Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
 from torch import nn
 
 from .. import stax
+from ..stax.piecewise import Piece, Pieces
 from ..errors import UnsupportedLayerError
 from .registry import Context, register
 
@@ -53,32 +57,76 @@ def _relu6(x):
     return jnp.clip(x, 0.0, 6.0)
 
 
-# torch module type -> (module -> its exact elementwise function in JAX)
+def _threshold(x, threshold: float, value: float):
+    return jnp.where(x > threshold, x, value)
+
+
+def _softplus_kinks(beta: float, threshold: float) -> tuple[float, ...]:
+    """torch's Softplus returns ``x`` itself above ``threshold / beta``: a jump of
+    ``log1p(exp(-threshold)) / beta`` in the function and of ``sigmoid(-threshold)`` in its slope,
+    both below ``exp(-threshold)`` relative to the function's scale (``log 2 / beta``, ``1 / 2``).
+    Below 1e-8 (threshold > 18.4, as torch's default 20: 2e-9) the jump is below the kernels'
+    accuracy and the function counts as smooth; otherwise it is a kink."""
+    return () if math.exp(-threshold) < 1e-8 else (threshold / beta,)
+
+
+_X = Piece((0.0, 1.0))
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946  # jax.nn.selu's
+
+
+def _exponential_below_zero(scale: float, alpha: float, rate: float) -> Pieces:
+    """``scale * x`` above 0, ``scale * alpha * (exp(rate x) - 1)`` below: ELU, CELU, SELU."""
+    return Pieces((0.0,), (Piece((-scale * alpha,), scale * alpha, rate), Piece((0.0, scale))))
+
+
+class Twin(NamedTuple):
+    """A torch activation's exact elementwise function in JAX (``fn``) and what its kernel rule
+    needs: its ``pieces`` (closed-form inner expectation, ``stax.piecewise``) or else its
+    ``kinks`` (kink-aware quadrature; none: the smooth rule), see ``stax.Numerical``."""
+    fn: Callable[[jax.Array], jax.Array]
+    kinks: tuple[float, ...] = ()
+    pieces: Pieces | None = None
+
+
+# torch module type -> (module -> its Twin)
 TWINS = {
-    nn.Tanh: lambda m: jnp.tanh,
-    nn.Sigmoid: lambda m: jax.nn.sigmoid,
-    nn.SiLU: lambda m: jax.nn.silu,
-    nn.ELU: lambda m: lambda x: _elu(x, m.alpha),
-    nn.CELU: lambda m: lambda x: jnp.where(x > 0, x, m.alpha * jnp.expm1(jnp.minimum(x, 0.0) / m.alpha)),
-    nn.SELU: lambda m: jax.nn.selu,
-    nn.Softplus: lambda m: lambda x: _softplus(x, m.beta, m.threshold),
-    nn.Mish: lambda m: lambda x: x * jnp.tanh(_softplus(x)),
-    nn.Hardtanh: lambda m: lambda x: jnp.clip(x, m.min_val, m.max_val),  # and ReLU6
-    nn.Hardswish: lambda m: lambda x: x * _relu6(x + 3.0) / 6.0,
-    nn.Hardsigmoid: lambda m: lambda x: _relu6(x + 3.0) / 6.0,
-    nn.LogSigmoid: lambda m: jax.nn.log_sigmoid,
-    nn.Softsign: lambda m: lambda x: x / (1.0 + jnp.abs(x)),
-    nn.Tanhshrink: lambda m: lambda x: x - jnp.tanh(x),
-    nn.Softshrink: lambda m: lambda x: jnp.where(x > m.lambd, x - m.lambd,
-                                                 jnp.where(x < -m.lambd, x + m.lambd, 0.0)),
-    nn.Hardshrink: lambda m: lambda x: jnp.where(jnp.abs(x) > m.lambd, x, 0.0),
-    nn.Threshold: lambda m: lambda x: jnp.where(x > m.threshold, x, m.value),
+    nn.Tanh: lambda m: Twin(jnp.tanh),
+    nn.Sigmoid: lambda m: Twin(jax.nn.sigmoid),
+    nn.SiLU: lambda m: Twin(jax.nn.silu),
+    nn.ELU: lambda m: Twin(lambda x: _elu(x, m.alpha), pieces=_exponential_below_zero(1.0, m.alpha, 1.0)),
+    nn.CELU: lambda m: Twin(lambda x: jnp.where(x > 0, x, m.alpha * jnp.expm1(jnp.minimum(x, 0.0) / m.alpha)),
+                            pieces=_exponential_below_zero(1.0, m.alpha, 1 / m.alpha)),
+    nn.SELU: lambda m: Twin(jax.nn.selu, pieces=_exponential_below_zero(_SELU_SCALE, _SELU_ALPHA, 1.0)),
+    nn.Softplus: lambda m: Twin(lambda x: _softplus(x, m.beta, m.threshold), _softplus_kinks(m.beta, m.threshold)),
+    nn.Mish: lambda m: Twin(lambda x: x * jnp.tanh(_softplus(x)), _softplus_kinks(1.0, 20.0)),
+    nn.Hardtanh: lambda m: Twin(lambda x: jnp.clip(x, m.min_val, m.max_val), pieces=Pieces(
+        (m.min_val, m.max_val), (Piece((m.min_val,)), _X, Piece((m.max_val,))))),
+    nn.Hardswish: lambda m: Twin(lambda x: x * _relu6(x + 3.0) / 6.0, pieces=Pieces(
+        (-3.0, 3.0), (Piece(), Piece((0.0, 0.5, 1 / 6)), _X))),
+    nn.Hardsigmoid: lambda m: Twin(lambda x: _relu6(x + 3.0) / 6.0, pieces=Pieces(
+        (-3.0, 3.0), (Piece(), Piece((0.5, 1 / 6)), Piece((1.0,))))),
+    nn.LogSigmoid: lambda m: Twin(jax.nn.log_sigmoid),
+    nn.Softsign: lambda m: Twin(lambda x: x / (1.0 + jnp.abs(x)), (0.0,)),
+    nn.Tanhshrink: lambda m: Twin(lambda x: x - jnp.tanh(x)),
+    nn.Softshrink: lambda m: Twin(lambda x: jnp.where(x > m.lambd, x - m.lambd,
+                                                      jnp.where(x < -m.lambd, x + m.lambd, 0.0)),
+                                  pieces=Pieces((-m.lambd, m.lambd), (Piece((m.lambd, 1.0)), Piece(),
+                                                                      Piece((-m.lambd, 1.0))))),
+    nn.Hardshrink: lambda m: Twin(lambda x: jnp.where(jnp.abs(x) > m.lambd, x, 0.0),
+                                  pieces=Pieces((-m.lambd, m.lambd), (_X, Piece(), _X))),
+    nn.Threshold: lambda m: Twin(lambda x: _threshold(x, m.threshold, m.value),
+                                 pieces=Pieces((m.threshold,), (Piece((m.value,)), _X))),
 }
 
 
+def twin(module: nn.Module) -> Twin:
+    """The :class:`Twin` of a module of a type in ``TWINS`` (or a subclass: ReLU6 is a Hardtanh)."""
+    return next(TWINS[cls] for cls in type(module).__mro__ if cls in TWINS)(module)
+
+
 def _numerical(module: nn.Module, ctx: Context) -> stax.Layer:
-    twin = next(TWINS[cls] for cls in type(module).__mro__ if cls in TWINS)  # ReLU6 is a Hardtanh
-    return stax.Numerical(twin(module), type(module).__name__)
+    fn, kinks, pieces = twin(module)
+    return stax.Numerical(fn, type(module).__name__, kinks, pieces)
 
 
 for _type in TWINS:

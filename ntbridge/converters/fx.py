@@ -25,7 +25,8 @@ from ..errors import ConversionError, UnsupportedLayerError
 from ..stax import INPUT
 from ..stax.layers import without_kernel
 from .graph import Node, make_node
-from .registry import Context, Options, find_converter, register
+from .registry import Context, Options, register
+from .tracing import describe, trace
 
 
 class Add(nn.Module):
@@ -231,28 +232,7 @@ def correlated(nodes: list[Node], inputs: tuple[int, ...]) -> str:
     return ""
 
 
-# ------------------------------------------------------------ tracing
-
-class _Tracer(fx.Tracer):
-    """Keeps registered module types (and torch's own modules) whole, as ``call_module`` nodes."""
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return find_converter(m) is not None or super().is_leaf_module(m, qualname)
-
-
-def _trace(model: nn.Module) -> fx.Graph:
-    try:
-        graph = fx.GraphModule(model, _Tracer().trace(model)).graph
-    except Exception as e:  # fx raises many types; none of them is the user's fault but the model's
-        raise ConversionError(
-            f"torch.fx could not trace {type(model).__name__}.forward ({type(e).__name__}: {e}). "
-            f"Data-dependent control flow (if/for/while on tensor values) cannot be traced. Rewrite "
-            f"the model as an nn.Sequential of supported modules, or register a converter for the "
-            f"module that cannot be traced (ntbridge.register_converter) so that it is kept whole."
-        ) from e
-    graph.eliminate_dead_code()
-    return graph
-
+# ------------------------------------------------------------ conversion of the traced nodes
 
 def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     """The converted nodes of ``model``'s traced ``forward``, in execution order.
@@ -263,7 +243,7 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     """
     nodes: list[Node] = []
     index: dict[fx.Node, int] = {}
-    for node in _trace(model).nodes:
+    for node in trace(model).nodes:
         if node.op == "placeholder":
             if index:
                 raise ConversionError(f"{type(model).__name__}.forward takes several inputs; "
@@ -276,18 +256,22 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
         elif node.op == "output":
             nodes += _output(node, index, nodes, options)
         elif not _is_shape(node):
-            where = f"module {len(nodes)} '{node.name}'"
-            module, sources = (model.get_submodule(node.target), [*node.args, *node.kwargs.values()]) \
-                if node.op == "call_module" else _located(equivalent, where)(node)
-            if node.op == "call_module" and len(sources) != 1:
-                raise ConversionError(f"{where} ({type(module).__name__}) is called with "
-                                      f"{len(sources)} arguments; modules take one tensor.")
-            inputs = tuple(_source(a, index, where) for a in sources)
+            if node.op == "call_module":
+                module, sources = model.get_submodule(node.target), [*node.args, *node.kwargs.values()]
+                origin = f"module {len(nodes)} '{node.target}' ({type(module).__name__})"
+                if len(sources) != 1:
+                    raise ConversionError(f"{origin} is called with {len(sources)} arguments; "
+                                          f"modules take one tensor.")
+            else:
+                origin = describe(node)
+                module, sources = _located(equivalent, origin)(node)
+            inputs = tuple(_source(a, index, origin) for a in sources)
             if isinstance(module, Add):
                 module = Add(correlated(nodes, inputs))
             name = node.target if node.op == "call_module" else node.name
             index[node] = len(nodes)
-            nodes.append(make_node(len(nodes), name, module, inputs, options))
+            nodes.append(make_node(len(nodes), name, module, inputs, options,
+                                   "" if node.op == "call_module" else origin))
     return nodes
 
 

@@ -53,6 +53,7 @@ class Node:
     hyper: dict
     inputs: tuple[int, ...]  # the nodes feeding this one; stax.INPUT (-1) is the model's input
     init_checks: tuple = ()  # (label, tensor, fan_in) the analytic kernel assumes torch-initialised
+    origin: str = ""  # a functional call's operation and enclosing module (fx), for error messages
 
     def __repr__(self) -> str:
         """``(name): Module(...)`` and its hyper-parameters, e.g.
@@ -62,8 +63,9 @@ class Node:
 
     @property
     def where(self) -> str:
-        """How error messages name this module: position, qualified name and type."""
-        return f"module {self.index} '{self.name}' ({type(self.module).__name__})"
+        """How error messages name this module: position, qualified name and type; for a functional
+        call in a traced forward, the operation and the user's module around it."""
+        return self.origin or f"module {self.index} '{self.name}' ({type(self.module).__name__})"
 
     def key(self, param: str) -> str:
         return f"{self.name}.{param}" if self.name else param
@@ -75,9 +77,10 @@ def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def make_node(index: int, name: str, module: nn.Module, inputs: tuple[int, ...],
-              options: Options) -> Node:
-    """Convert ``module`` (qualified name ``name``, fed by nodes ``inputs``) with its registered
-    converter; raises UnsupportedLayerError naming it if it has none."""
+              options: Options, origin: str = "") -> Node:
+    """Convert ``module`` (qualified name ``name``, fed by nodes ``inputs``; ``origin``: see
+    :class:`Node`) with its registered converter; raises UnsupportedLayerError naming it if it has
+    none."""
     converter = find_converter(module)
     if converter is None:
         raise UnsupportedLayerError(
@@ -93,7 +96,7 @@ def make_node(index: int, name: str, module: nn.Module, inputs: tuple[int, ...],
     ctx = Context(name, index, options)
     layer = converter(module, ctx)
     return Node(index, name, module, layer, tuple(_tensors(module)), ctx.hyper, inputs,
-                ctx.init_checks)
+                ctx.init_checks, origin)
 
 
 def module_tensors(nodes: list[Node]) -> dict[str, torch.Tensor]:

@@ -12,11 +12,12 @@ from .dropout import Dropout
 from .kernel import Kernel, input_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer
 from .normalization import BatchNorm, LayerNorm
+from .piecewise import Piece, Pieces
 from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, MaxPool
 from .reshape import Flatten, Unflatten
 
 __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "BatchNorm", "Conv",
            "Cos", "Dense", "Dropout", "Erf", "FanInConcat", "FanInSum", "FanOut", "Flatten", "Gelu",
            "INPUT", "Identity", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "MaxPool", "Numerical",
-           "Outer", "PARAMETERIZATIONS", "RectifiedMonomial", "Relu", "Scale", "Sign", "Sin", "Unflatten",
+           "Outer", "Piece", "Pieces", "PARAMETERIZATIONS", "RectifiedMonomial", "Relu", "Scale", "Sign", "Sin", "Unflatten",
            "ab_relu_rule", "dag", "elementwise", "input_kernel", "parallel", "serial"]

@@ -6,13 +6,13 @@ the kernel (batch pairs and spatial pairs alike). The NTK picks up the derivativ
 autodiff sees it (zero where ``f`` is piecewise constant, as for ``sign``).
 
 Closed forms here: ABReLU (ReLU, LeakyReLU, Abs), GELU (erf form), Erf, Sign, Sin/Cos. Any other
-function goes through :func:`Numerical` (quadrature, see ``quadrature.py``).
+function goes through :func:`Numerical` (``piecewise.py``, ``quadrature.py``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,9 +21,8 @@ import numpy as np
 from ..errors import InputError, UnsupportedLayerError
 from .kernel import Kernel, variances
 from .layers import Layer
-from .quadrature import DEFAULT_DEGREE, gaussian_rule
-
-Rule = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+from .piecewise import Pieces, piecewise_rule
+from .quadrature import Rule, gaussian_rule, smooth_rule
 
 
 def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str) -> Layer:
@@ -49,13 +48,35 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str) -> 
     return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: fn(x), kernel_fn)
 
 
-def Numerical(fn: Callable[[jax.Array], jax.Array], name: str, degree: int = DEFAULT_DEGREE) -> Layer:
-    """Any elementwise ``fn`` (a JAX function), its kernel by quadrature (see ``quadrature.py``).
+def numerical_rule(fn: Callable[[jax.Array], jax.Array], kinks: Sequence[float] = (),
+                   pieces: Pieces | None = None) -> Rule:
+    """The kernel rule of ``fn`` (see :func:`Numerical`): by its ``pieces`` where given (closed-form
+    inner expectation, ``piecewise.py``), else by quadrature split at its ``kinks``, else by the
+    smooth rule (``quadrature.py``)."""
+    if pieces is not None:
+        return piecewise_rule(pieces)
+    return gaussian_rule(fn, kinks) if kinks else smooth_rule(fn)
+
+
+def Numerical(fn: Callable[[jax.Array], jax.Array], name: str, kinks: Sequence[float] = (),
+              pieces: Pieces | None = None) -> Layer:
+    """Any elementwise ``fn`` (a JAX function), its kernel computed numerically. Declare where it
+    is not analytic: its ``kinks`` (the inputs where it or its derivative is not smooth, or jumps),
+    or better its ``pieces`` (:class:`~ntbridge.stax.piecewise.Pieces`: polynomials of degree <= 2
+    and exponentials between kinks, whose Gaussian expectations are in closed form); with neither,
+    ``fn`` must be analytic near the real axis (tanh, sigmoid, ...). The forward pass is ``fn``.
+
+    The NTK's factor ``f'`` is autodiff's derivative of ``fn``, as the empirical NTK sees it: where
+    ``fn`` jumps (Hardshrink, Threshold, torch's Softplus at its threshold) it has no delta term, so
+    the NTK is the width -> infinity limit of ``ntbridge.empirical_ntk``. (With the delta terms of
+    the distributional derivative the NTK would be infinite at equal inputs.)
 
     Example:
         >>> layer = Numerical(jnp.tanh, "Tanh")
+        >>> relu6 = Pieces((0.0, 6.0), (Piece(), Piece((0.0, 1.0)), Piece((6.0,))))
+        >>> layer = Numerical(lambda x: jnp.clip(x, 0.0, 6.0), "ReLU6", pieces=relu6)
     """
-    return elementwise(fn, gaussian_rule(fn, degree), name)
+    return elementwise(fn, numerical_rule(fn, kinks, pieces), name)
 
 
 def _fit(fn: Callable[[np.ndarray], np.ndarray]) -> tuple[float, ...]:

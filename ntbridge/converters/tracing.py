@@ -1,0 +1,70 @@
+"""torch.fx tracing of a model's ``forward``, remembering which of the user's modules wrote each
+node, so that errors name it (``torch.cumsum in module '1.1' (MyModule)``), not the traced node."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import fx, nn
+
+from ..errors import ConversionError
+from .registry import find_converter
+
+_SCOPE = "ntbridge_scope"  # node.meta key: (qualified name, type name) of the enclosing module
+
+
+class _Tracer(fx.Tracer):
+    """Keeps registered module types (and torch's own modules) whole, as ``call_module`` nodes,
+    and records in each node's meta the module whose ``forward`` created it (``_SCOPE``)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.scopes = [("", type(model).__name__)]
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return find_converter(m) is not None or super().is_leaf_module(m, qualname)
+
+    def call_module(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict):
+        self.scopes.append((self.path_of_module(m), type(m).__name__))
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            self.scopes.pop()
+
+    def create_node(self, *args, **kwargs) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        node.meta[_SCOPE] = self.scopes[-1]
+        return node
+
+
+def describe(node: fx.Node) -> str:
+    """How error messages name a functional call: the operation and the user's module around it,
+    e.g. ``torch.cumsum in module '1.1' (MyModule)``."""
+    if node.op == "call_method":
+        operation = f"Tensor.{node.target}"
+    else:
+        module = getattr(node.target, "__module__", None) or "builtins"
+        operation = f"{module.lstrip('_')}.{getattr(node.target, '__name__', node.target)}"
+    path, kind = node.meta[_SCOPE]
+    return f"{operation} in module '{path}' ({kind})" if path else f"{operation} in {kind}.forward"
+
+
+def trace(model: nn.Module) -> fx.Graph:
+    """The graph of ``model.forward``, leaf modules kept whole, each node's enclosing module in its
+    meta (see :func:`describe`).
+
+    Example:
+        >>> [n.op for n in trace(nn.Sequential(nn.Linear(3, 4))).nodes]
+        ['placeholder', 'call_module', 'output']
+    """
+    try:
+        graph = fx.GraphModule(model, _Tracer(model).trace(model)).graph
+    except Exception as e:  # fx raises many types; none of them is the user's fault but the model's
+        raise ConversionError(
+            f"torch.fx could not trace {type(model).__name__}.forward ({type(e).__name__}: {e}). "
+            f"Data-dependent control flow (if/for/while on tensor values) cannot be traced. Rewrite "
+            f"the model as an nn.Sequential of supported modules, or register a converter for the "
+            f"module that cannot be traced (ntbridge.register_converter) so that it is kept whole."
+        ) from e
+    graph.eliminate_dead_code()
+    return graph
