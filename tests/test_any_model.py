@@ -10,9 +10,7 @@ is exported once.
 from __future__ import annotations
 
 import copy
-import functools
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -22,22 +20,10 @@ from ntbridge.converters import translated
 from ntbridge.empirical.reinit import sample_seed
 from ntbridge.errors import UnsupportedLayerError
 
-from export_zoo import ZOO
+from export_zoo import ZOO, example
 from reference import full_ntk
 
 NTK_RTOL = {torch.float64: 1e-10, torch.float32: 1e-5}
-
-
-@functools.cache
-def zoo(name: str, dtype: torch.dtype = torch.float64):
-    """``(model in eval mode, x1 (3 examples), x2 (2 examples))``."""
-    torch.manual_seed(0)
-    build, inputs = ZOO[name]
-    model = build().to(dtype).eval()
-    x1, x2 = inputs(3), inputs(2)
-    if x1.is_floating_point():
-        x1, x2 = x1.to(dtype), x2.to(dtype)
-    return model, x1, x2
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -52,7 +38,7 @@ CASES = [(name, "jacobian") for name in ZOO if name not in ("lstm", "attention")
 
 @pytest.mark.parametrize("name, implementation", CASES)
 def test_empirical_ntk_matches_torch_func(name, implementation):
-    model, x1, x2 = zoo(name)
+    model, x1, x2 = example(name)
     k, info = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), implementation=implementation,
                                      return_info=True)
     expected = full_ntk(model, x1, x2, batch=True)  # independent examples: the joint batch's rows
@@ -68,7 +54,7 @@ def test_structured_applies_to_translated_linear_and_conv_steps():
 
     plans = {}
     for name in ("resnet", "lstm"):
-        model, x1, _ = zoo(name)
+        model, x1, _ = example(name)
         graph = translated.empirical_graph(model, x1, {})
         nodes, chosen = structured_plan(graph)
         plans[name] = {p for i in chosen for p in nodes[i].param_names}
@@ -77,7 +63,7 @@ def test_structured_applies_to_translated_linear_and_conv_steps():
 
 
 def test_float32_and_auto():
-    model, x1, x2 = zoo("attention", torch.float32)
+    model, x1, x2 = example("attention", torch.float32)
     k, info = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), return_info=True)
     assert k.dtype == torch.float32 and info.path == "torch.export"
     assert info.implementation in ("jacobian", "ntvp", "structured")
@@ -93,7 +79,7 @@ def test_converted_models_keep_the_layer_path():
 
 def test_token_ids_and_nngp():
     """Integer ids into nn.Embedding: the NTK (w.r.t. the parameters) and the outputs' products."""
-    model, ids1, ids2 = zoo("embedding")
+    model, ids1, ids2 = example("embedding")
     assert ids1.dtype == torch.int64
     k = ntbridge.empirical_ntk(model, ids1, ids2, trace_axes=())
     assert k.dtype == torch.float64
@@ -107,7 +93,7 @@ def test_token_ids_and_nngp():
 
 
 def test_tiles_equal_the_whole():
-    model, x1, x2 = zoo("custom")
+    model, x1, x2 = example("custom")
     x1 = torch.cat([x1, x2])
     whole = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), implementation="jacobian")
     tiled = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), implementation="jacobian",
@@ -119,7 +105,7 @@ def test_tiles_equal_the_whole():
 
 
 def test_translation_is_exported_once_and_reads_current_weights(monkeypatch):
-    model, x1, x2 = copy.deepcopy(zoo("custom"))
+    model, x1, x2 = copy.deepcopy(example("custom"))
     exports, translate = [], translated.translate
     monkeypatch.setattr(translated, "translate", lambda *args: exports.append(1) or translate(*args))
     first = ntbridge.empirical_ntk(model, x1, x2, implementation="jacobian")
@@ -149,7 +135,7 @@ def reference_monte_carlo(model: nn.Module, x1: torch.Tensor, n_samples: int, se
 
 
 def test_monte_carlo_reinitialises_with_reset_parameters():
-    model, ids, _ = zoo("embedding")
+    model, ids, _ = example("embedding")
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     estimates = list(ntbridge.monte_carlo(model, ids, n_samples=[1, 3], seed=5))
     mean, error = reference_monte_carlo(model, ids, 3, seed=5)
@@ -159,23 +145,6 @@ def test_monte_carlo_reinitialises_with_reset_parameters():
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())  # untouched
     nngp = ntbridge.monte_carlo(model, ids, n_samples=2, get="nngp")
     assert nngp.mean.shape == (3, 3) and torch.equal(nngp.mean, nngp.mean.T)
-
-
-class Scaled(nn.Module):
-    """A module with a parameter and no reset_parameters."""
-
-    def __init__(self):
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(4))
-
-    def forward(self, x):
-        return torch.cumsum(x * self.scale, dim=1)
-
-
-def test_monte_carlo_refuses_parameters_without_reset():
-    with pytest.raises(UnsupportedLayerError, match=r"module '' \(Scaled\) has parameters but no "
-                                                    r"reset_parameters\(\).*Scaled.reset_parameters"):
-        ntbridge.monte_carlo(Scaled(), torch.randn(3, 4), n_samples=2)
 
 
 def test_analytic_kernels_still_refuse_a_transformer():
@@ -188,7 +157,7 @@ def test_analytic_kernels_still_refuse_a_transformer():
 
 
 def test_train_mode_is_refused_for_translated_models():
-    model, x1, _ = zoo("transformer")
+    model, x1, _ = example("transformer")
     model.train()
     try:
         with pytest.raises(UnsupportedLayerError, match=r"module 'encoder.layers.0.self_attn' "
