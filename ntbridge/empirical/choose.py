@@ -38,7 +38,7 @@ class StrategyInfo:
       reason: why this one, in words.
       path: how the model's function was obtained: ``"layers"`` (the layer registry,
         ``ntbridge.convert``) or ``"torch.export"`` (the translated graph of a model without a
-        converter).
+        converter), or ``"apply_fn"`` (a bare JAX function given to ``empirical_ntk_fn``).
 
     Example:
         >>> k, info = ntbridge.empirical_ntk(model, x1, x2, return_info=True)  # the README's
@@ -178,7 +178,8 @@ class _Dispatch:
             units = math.prod(jax.eval_shape(WithState(self.model, state).apply_fn, params,
                                              x1).shape[1:])
             chunk = chunk if chunk < (x1 if x2 is None else x2).shape[0] * units else None
-        return self.program(best, axes, by_layer, chunk), StrategyInfo(best, costs, reason), chunk
+        info = StrategyInfo(best, costs, reason, getattr(self.model, "path", "apply_fn"))
+        return self.program(best, axes, by_layer, chunk), info, chunk
 
     def plan(self, params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=(),
              by_layer: bool = False, state=None, out_ndim: int | None = None,

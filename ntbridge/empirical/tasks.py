@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
@@ -36,7 +34,6 @@ def ntk_task(graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None, *
     run, info, axes, computation = _Dispatch(graph, implementation, interact).plan(
         params, x1, x2, trace_axes=trace_axes, diagonal_axes=diagonal_axes, by_layer=by_layer,
         state=state, out_ndim=len(graph.output_shape(x1.shape)), platform=platform)
-    info = dataclasses.replace(info, path=graph.path)
     return Task(("empirical_ntk", *computation), run, axes.swap_perm, (params, state)), info
 
 
