@@ -13,8 +13,9 @@ Conventions (see each function):
 
 from __future__ import annotations
 
+import copy
 import functools
-from typing import NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 from torch import nn
 import torch
@@ -23,8 +24,9 @@ from .converters import Kernels
 from .converters.registry import StdOption
 from .dlpack import abstract, describe
 from .empirical import IMPLEMENTATIONS, Moments, int_tuple, nngp_task, ntk_task, sample_task
+from .empirical.reinit import check_resettable, reinitialise
 from .errors import InputError, InputTypeError
-from .pipeline import Request, platform, run
+from .pipeline import Request, platform, route, run
 from .tiling import Batching
 
 
@@ -114,6 +116,19 @@ def _axes(trace_axes, diagonal_axes) -> dict:
                 diagonal_axes=int_tuple(diagonal_axes, "diagonal_axes"))
 
 
+def _ntk(implementation: str, by_layer: bool, interact: bool, axes: dict):
+    """The task builder of the empirical NTK (see :class:`~ntbridge.pipeline.Request`)."""
+    return lambda graph, x1, x2: ntk_task(
+        graph, abstract(x1), None if x2 is None else abstract(x2), implementation=implementation,
+        by_layer=by_layer, interact=interact, platform=platform(x1), **axes)
+
+
+def _nngp(interact: bool, axes: dict):
+    """The task builder of the empirical NNGP."""
+    return lambda graph, x1, x2: nngp_task(graph, abstract(x1), None if x2 is None else abstract(x2),
+                                           interact=interact, **axes)
+
+
 def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *,
                   implementation: str = "auto", trace_axes: Sequence[int] = (-1,),
                   diagonal_axes: Sequence[int] = (), by_layer: bool = False,
@@ -129,16 +144,23 @@ def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = 
     whole batch, so the kernel is that of the joint batch ``X = cat(x1, x2)`` (``x1`` alone when x2
     is None), as ``torch.func.jacrev`` of ``model(X)`` gives it: ``J(X)[:N1] J(X)[N1:]^T``.
 
+    Any model whose forward takes one tensor and returns one works: models the layer registry does
+    not cover (attention, recurrent layers, embeddings, custom forwards) are exported with
+    ``torch.export`` and translated to JAX (in eval mode: call ``model.eval()`` first if it has
+    dropout or BatchNorm); ``info.path`` says which (``"layers"`` or ``"torch.export"``).
+
     Args:
-      model: a supported model; its dtype must match x1's.
-      x1, x2: as in :func:`kernel`.
+      model: a torch model; its dtype must match x1's.
+      x1, x2: as in :func:`kernel`, or integer token ids when the model takes them (the kernel is
+        still w.r.t. the parameters; it is in the model's dtype).
       implementation: ``"auto"`` (chooses by XLA's cost estimate, once per shape signature),
         ``"jacobian"``, ``"ntvp"`` (NTK-vector products) or ``"structured"`` (layer derivative
         structure); see ``ntbridge.empirical``.
       trace_axes, diagonal_axes: output axes to average over / to keep the diagonal of.
       by_layer: return a dict from each module's qualified name (modules with parameters) to its
         contribution; the contributions sum to the kernel.
-      return_info: also return a ``StrategyInfo`` (chosen strategy, candidates' costs, reason).
+      return_info: also return a ``StrategyInfo`` (chosen strategy, candidates' costs, reason,
+        path).
       batching_options: ``batch_size``, ``device_count``, ``store_on_device``, ``progress``,
         ``out``, as in :func:`kernel`.
 
@@ -152,11 +174,8 @@ def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = 
     if implementation not in IMPLEMENTATIONS:
         raise InputError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}.")
     batching, interact = _empirical_batching(model, batching_options)
-    task = lambda graph, x1, x2: ntk_task(
-        graph, abstract(x1), None if x2 is None else abstract(x2), implementation=implementation,
-        by_layer=bool(by_layer), interact=interact, platform=platform(x1),
-        **_axes(trace_axes, diagonal_axes))
-    k, info, _ = run(Request(model, x1, x2, task, batching))
+    task = _ntk(implementation, bool(by_layer), interact, _axes(trace_axes, diagonal_axes))
+    k, info, _ = run(Request(model, x1, x2, task, batching, empirical=True))
     return (k, info) if return_info else k
 
 
@@ -165,16 +184,16 @@ def empirical_nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None =
                    **batching_options) -> torch.Tensor:
     """The outputs' products ``f(x1) f(x2)`` of ``model`` at its current weights, axes as
     :func:`empirical_ntk` (with ``trace_axes=(-1,)``, the mean over output units; BatchNorm using
-    batch statistics: the outputs of the joint batch).
+    batch statistics: the outputs of the joint batch). Any model, and token ids, as
+    :func:`empirical_ntk`.
 
     Example:
         >>> ntbridge.empirical_nngp(model, x1).shape
         torch.Size([20, 20])
     """
     batching, interact = _empirical_batching(model, batching_options)
-    task = lambda graph, x1, x2: nngp_task(graph, abstract(x1), None if x2 is None else abstract(x2),
-                                           interact=interact, **_axes(trace_axes, diagonal_axes))
-    return run(Request(model, x1, x2, task, batching))[0]
+    task = _nngp(interact, _axes(trace_axes, diagonal_axes))
+    return run(Request(model, x1, x2, task, batching, empirical=True))[0]
 
 
 class Estimate(NamedTuple):
@@ -218,12 +237,17 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
     Parameters are drawn by the converter's ``init_fn`` from the init in use (``init="torch"``:
     torch's default uniform init; explicit ``W_std``/``b_std``: Gaussian), so the model's own
     weights do not matter. Works for layers without a closed form (MaxPool, BatchNorm, ...).
+    A model without a converter (see :func:`empirical_ntk`) is re-initialised torch-side by its
+    modules' own ``reset_parameters()``, sample ``s`` under a seed derived from ``(seed, s)`` (see
+    ``ntbridge.empirical.reinit``; ``init``/``W_std``/``b_std`` do not apply), one kernel per sample;
+    a module with parameters but no ``reset_parameters`` is refused (UnsupportedLayerError).
 
     Args:
       n_samples: an int, or an increasing list of ints: then a generator yields the running
         :class:`Estimate` at each of those counts (the samples are shared, not redrawn).
       get: ``"ntk"`` or ``"nngp"`` (the outputs' products ``f(x1) f(x2)``).
-      seed: the samples are ``fold_in(key(seed), s)`` for ``s = 0, 1, ...``.
+      seed: the samples are ``fold_in(key(seed), s)`` for ``s = 0, 1, ...`` (translated models:
+        ``torch.manual_seed(sample_seed(seed, s))``).
       trace_axes, diagonal_axes: as :func:`empirical_ntk`.
       Other options: as :func:`kernel`.
 
@@ -238,13 +262,21 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
     batching = Batching(batch_size, device_count, store_on_device, progress)
     conversion = dict(init=init, W_std=W_std, b_std=b_std)
     axes = _axes(trace_axes, diagonal_axes)
+    if route(Request(model, x1, x2, _samples, conversion=conversion, empirical=True)) != "layers":
+        if (init, W_std, b_std) != ("torch", None, None):
+            raise InputError("init, W_std and b_std choose the init of converted models; this model "
+                             "has no converter, so monte_carlo draws its initialisations with its "
+                             "modules' own reset_parameters(): drop init, W_std and b_std.")
+        estimates = _translated_samples(model, x1, x2, get, seed, axes, batching, counts)
+        return next(estimates) if isinstance(n_samples, int) else estimates
 
     def running():
         moments, done = None, 0
         for count in counts:
             task = functools.partial(_samples, get=get, seed=seed, start=done, count=count - done,
                                      **axes)
-            (mean, m2), _, _ = run(Request(model, x1, x2, task, batching, conversion))
+            (mean, m2), _, _ = run(Request(model, x1, x2, task, batching, conversion,
+                                           empirical=True))
             part = Moments(count - done, mean, m2)
             moments = part if moments is None else moments.merge(part)
             done = count
@@ -258,3 +290,22 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
 
 def _samples(graph, x1, x2, **options):
     return sample_task(graph, abstract(x1), **options)
+
+
+def _translated_samples(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, get: str,
+                        seed: int, axes: dict, batching: Batching,
+                        counts: list[int]) -> Iterator[Estimate]:
+    """The running :class:`Estimate` at each of ``counts``, from torch-side re-initialisations of
+    a copy of ``model`` (see :func:`monte_carlo`), one empirical kernel per sample."""
+    check_resettable(model)
+    sample = copy.deepcopy(model)  # the user's model keeps its weights
+    task = _ntk("auto", False, False, axes) if get == "ntk" else _nngp(False, axes)
+    moments, done = None, 0
+    for count in counts:
+        for s in range(done, count):
+            reinitialise(sample, seed, s)
+            k, _, _ = run(Request(model, x1, x2, task, batching, empirical=True, weights=sample))
+            part = Moments(1, k, torch.zeros_like(k))
+            moments = part if moments is None else moments.merge(part)
+        done = count
+        yield Estimate(moments.mean.clone(), moments.standard_error, count)

@@ -5,7 +5,9 @@ analysis, the command line) builds a :class:`Request` and calls :func:`run`:
 
 1. validate the inputs (torch tensors: dtype, shape, device, finiteness) and fix the precision;
 2. convert the model to a :class:`~ntbridge.Graph` (under the inputs' precision) and check that
-   the inputs fit it;
+   the inputs fit it; an empirical request takes the translated ``torch.export`` graph of a model
+   the layer registry does not cover (:mod:`ntbridge.converters.translated`), and accepts integer
+   inputs (token ids);
 3. the request's ``task`` builds the :class:`~ntbridge.tiling.Task` to compute (what kernel, with
    which strategy);
 4. :func:`ntbridge.tiling.compute` plans the tiles from XLA's memory analysis of the one program it
@@ -24,12 +26,15 @@ import torch
 from torch import nn
 
 from .converters import Graph, convert
+from .converters.export import model_dtype
+from .converters.translated import TranslatedGraph, empirical_graph
 from .dlpack import check_device, kernel_dtype, precision
-from .errors import InputError, ShapeError
+from .errors import InputError, InputTypeError, ShapeError
 from .tiling import Batching, Task
 from .tiling import compute
 
 TaskBuilder = Callable[[Graph, torch.Tensor, "torch.Tensor | None"], tuple[Task, Any]]
+_INDEX_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +47,9 @@ class Request:
       task: ``task(graph, x1, x2) -> (Task, info)``: what to compute on the converted model.
       batching: tiles, devices, storage (see :class:`~ntbridge.tiling.Batching`).
       conversion: keyword options of :func:`ntbridge.convert`.
+      empirical: an empirical kernel (forward passes only): models without a converter are
+        translated, integer inputs accepted (see the module doc).
+      weights: a model of the same architecture whose weights to use instead of ``model``'s.
     """
 
     model: nn.Module
@@ -50,17 +58,31 @@ class Request:
     task: TaskBuilder
     batching: Batching = Batching()
     conversion: dict = dataclasses.field(default_factory=dict)
+    empirical: bool = False
+    weights: nn.Module | None = None
 
 
-def validate(x1: torch.Tensor, x2: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x1 and x2 checked and detached, in the kernel's dtype (float32 or float64; x2 in x1's)."""
-    dtype = kernel_dtype(x1, "x1")
+def _input_dtype(x: torch.Tensor, name: str, indices: bool) -> torch.dtype:
+    """The dtype ``x`` is passed on in: the kernel's (float32 or float64), or, with ``indices``,
+    an integer dtype as it is (token ids)."""
+    if indices and isinstance(x, torch.Tensor) and x.dtype in _INDEX_DTYPES:
+        return x.dtype
+    return kernel_dtype(x, name)
+
+
+def validate(x1: torch.Tensor, x2: torch.Tensor | None,
+             indices: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x1 and x2 checked and detached, in the kernel's dtype (float32 or float64; x2 in x1's);
+    with ``indices``, integer inputs are kept as they are (x1 and x2 both integer)."""
+    dtype = _input_dtype(x1, "x1", indices)
     if x2 is not None and isinstance(x2, torch.Tensor) and x2.device != x1.device:
         raise InputError(f"x1 is on {x1.device} and x2 on {x2.device}; move them to one device.")
     for name, x in (("x1", x1), ("x2", x2)):
         if x is None:
             continue
-        kernel_dtype(x, name)
+        if _input_dtype(x, name, indices).is_floating_point != dtype.is_floating_point:
+            raise InputTypeError(f"x1 has dtype {x1.dtype} and x2 {x2.dtype}: pass both as "
+                                 f"token ids (integers) or both as floating-point inputs.")
         check_device(x, name)
         if x.ndim < 2:
             raise ShapeError(f"{name} has shape {tuple(x.shape)}; inputs are batched, (N, ...): "
@@ -83,6 +105,14 @@ def validate(x1: torch.Tensor, x2: torch.Tensor | None) -> tuple[torch.Tensor, t
     return x1.detach().to(dtype), x2
 
 
+def model_graph(request: Request, x1: torch.Tensor) -> Graph | TranslatedGraph:
+    """The converted model (empirical requests: converted or translated, see the module doc)."""
+    if request.empirical:
+        return empirical_graph(request.model, x1, request.conversion, request.weights)
+    return convert(request.model if request.weights is None else request.weights,
+                   **request.conversion)
+
+
 def check_fits(graph: Graph, x1: torch.Tensor, x2: torch.Tensor | None) -> None:
     """ShapeError unless the model accepts inputs of x1's (and x2's) shape."""
     for name, x in (("x1", x1), ("x2", x2)):
@@ -99,13 +129,26 @@ def platform(x: torch.Tensor) -> str:
     return "gpu" if x.device.type == "cuda" else "cpu"
 
 
-def run(request: Request) -> tuple[Any, Any, Graph]:
+def _precision(request: Request, x1: torch.Tensor):
+    """The precision of the request's JAX work: x1's, or the model's for integer inputs."""
+    return precision(x1.dtype if x1.is_floating_point() else model_dtype(request.model))
+
+
+def route(request: Request) -> str:
+    """The path an empirical request takes: ``"layers"`` (the layer registry) or
+    ``"torch.export"`` (the translated graph); see the module doc."""
+    x1, _ = validate(request.x1, request.x2, indices=request.empirical)
+    with _precision(request, x1):
+        return model_graph(request, x1).path
+
+
+def run(request: Request) -> tuple[Any, Any, Graph | TranslatedGraph]:
     """``(result, info, graph)``: the request's kernel as a pytree of torch tensors, what its task
     reports (e.g. the empirical strategy chosen), and the converted model."""
-    x1, x2 = validate(request.x1, request.x2)
+    x1, x2 = validate(request.x1, request.x2, indices=request.empirical)
     batching = dataclasses.replace(request.batching, platform=platform(x1))
-    with precision(x1.dtype):
-        graph = convert(request.model, **request.conversion)
+    with _precision(request, x1):
+        graph = model_graph(request, x1)
         check_fits(graph, x1, x2)
         task, info = request.task(graph, x1, x2)
         result = compute(task, x1, x2, batching)

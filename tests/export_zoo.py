@@ -1,8 +1,10 @@
 """Models that no converter covers, for the torch.export translator's tests and benchmark.
 
 ``ZOO`` maps a name to ``(build, inputs)``: ``build()`` makes the model (float32, train mode as
-torch leaves it) and ``inputs(n)`` a batch of ``n`` inputs.
+torch leaves it) and ``inputs(n)`` a batch of ``n`` inputs; :func:`example` builds one for tests.
 """
+
+import functools
 
 import torch
 from torch import nn
@@ -98,3 +100,16 @@ ZOO = {
     "resnet": (ResNet, lambda n: torch.randn(n, 3, 8, 8)),
     "custom": (Custom, lambda n: torch.randn(n, 5)),
 }
+
+
+@functools.cache
+def example(name: str, dtype: torch.dtype = torch.float64):
+    """``(model in eval mode, x1 (3 examples), x2 (2 examples))``, built once per name and dtype
+    (seed 0): tests that share it share its translation."""
+    torch.manual_seed(0)
+    build, inputs = ZOO[name]
+    model = build().to(dtype).eval()
+    x1, x2 = inputs(3), inputs(2)
+    if x1.is_floating_point():
+        x1, x2 = x1.to(dtype), x2.to(dtype)
+    return model, x1, x2

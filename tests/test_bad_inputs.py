@@ -43,6 +43,24 @@ class Branchy(nn.Module):
         return self.linear(x) if x.sum() > 0 else -self.linear(x)
 
 
+class Scaled(nn.Module):
+    """No converter (a cumulative sum), and a parameter without reset_parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return torch.cumsum(x * self.scale, dim=1)
+
+
+IDS = torch.arange(12).reshape(3, 4) % 10
+
+
+def tokens():
+    return nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(16, 2))
+
+
 def misaligned(x):
     """``x``'s values in a tensor starting 4 bytes into its storage."""
     buf = torch.empty(x.numel() + 1)
@@ -73,12 +91,28 @@ ROWS = {
     "unsupported-module": (lambda: nn.Sequential(nn.Linear(4, 8), nn.LSTMCell(8, 8)),
                            lambda m, p: ntbridge.ntk(m, X), errors.UnsupportedLayerError,
                            r"module 1 '1' \(LSTMCell\) has no converter.*register_converter"),
-    "untraceable-model": (Branchy, lambda m, p: ntbridge.empirical_ntk(m, X),
+    "untraceable-model": (Branchy, lambda m, p: ntbridge.ntk(m, X),
                           errors.ConversionError, r"torch.fx could not trace Branchy.forward"),
     "unsupported-function": (lambda: nn.Sequential(nn.Linear(4, 8), nn.Sequential(nn.ReLU(), Cumsum())),
-                             lambda m, p: ntbridge.empirical_ntk(m, X), errors.UnsupportedLayerError,
+                             lambda m, p: ntbridge.ntk(m, X), errors.UnsupportedLayerError,
                              r"torch.cumsum in module '1.1' \(Cumsum\): call_function 'cumsum' has no "
                              r"equivalent module"),
+    "unexportable-model": (Branchy, lambda m, p: ntbridge.empirical_ntk(m, X),
+                           errors.ConversionError,
+                           r"(?s)torch.export could not export Branchy.forward.*torch.cond"),
+    "train-mode-translated": (lambda: nn.Sequential(nn.Embedding(10, 4), nn.Dropout(0.5)).train(),
+                              lambda m, p: ntbridge.empirical_ntk(m, IDS),
+                              errors.UnsupportedLayerError,
+                              r"module '1' \(Dropout\) is in training mode.*model.eval\(\)"),
+    "no-reset-parameters": (Scaled, lambda m, p: ntbridge.monte_carlo(m, X, n_samples=2),
+                            errors.UnsupportedLayerError,
+                            r"module '' \(Scaled\) has parameters but no reset_parameters\(\)"),
+    "init-of-translated-model": (tokens, lambda m, p: ntbridge.monte_carlo(m, IDS, n_samples=2,
+                                                                            W_std=1.0),
+                                 errors.InputError, r"init, W_std and b_std choose the init of "
+                                                    r"converted models"),
+    "ids-and-floats": (tokens, lambda m, p: ntbridge.empirical_ntk(m, IDS, X), errors.InputTypeError,
+                       r"x1 has dtype torch.int64 and x2 torch.float32"),
     "no-analytic-rule": (lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Tanh()),
                          lambda m, p: ntbridge.ntk(m, X), errors.UnsupportedLayerError,
                          r"module 2 '2' \(Tanh\).*needs a Gaussian input"),

@@ -21,7 +21,7 @@ from ntbridge.dlpack import precision, to_jax
 from ntbridge.empirical import empirical_ntk_fn
 from ntbridge.errors import ConversionError, UnsupportedLayerError
 
-from export_zoo import ZOO, Custom
+from export_zoo import ZOO, Custom, example
 from reference import full_ntk
 
 FORWARD_RTOL = {torch.float64: 1e-12, torch.float32: 1e-5}
@@ -31,12 +31,7 @@ NTK_RTOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 @functools.cache
 def zoo(name: str, dtype: torch.dtype = torch.float64):
     """``(model in eval mode, its translation, x1 (3 examples), x2 (2 examples))``."""
-    torch.manual_seed(0)
-    build, inputs = ZOO[name]
-    model = build().to(dtype).eval()
-    x1, x2 = inputs(3), inputs(2)
-    if x1.is_floating_point():
-        x1, x2 = x1.to(dtype), x2.to(dtype)
+    model, x1, x2 = example(name, dtype)
     return model, translate(model, x1), x1, x2
 
 

@@ -35,7 +35,7 @@ def test_estimate_repr_gives_the_mean_standard_error():
 def test_strategy_info_repr_leaves_the_costs_out():
     info = StrategyInfo("ntvp", {"ntvp": {"flops": 1.0, "bytes_accessed": 2.0, "estimated_s": 3.0}},
                         "requested")
-    assert repr(info) == "StrategyInfo(implementation='ntvp', reason='requested')"
+    assert repr(info) == "StrategyInfo(implementation='ntvp', path='layers', reason='requested')"
 
 
 def test_graph_repr_lists_the_layers_like_torch():

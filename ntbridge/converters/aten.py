@@ -162,9 +162,13 @@ def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding,
         w, lhs_dilation, stride = _transposed(w, groups), stride, [1] * len(stride)
     else:
         padding, lhs_dilation = [(p, p) for p in padding], None
-    y = lax.conv_general_dilated(x, w, stride, padding, lhs_dilation, dilation,
-                                 (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}"),
-                                 feature_group_count=groups, precision=_HIGHEST)
+    conv = lambda x, w: lax.conv_general_dilated(
+        x, w, stride, padding, lhs_dilation, dilation,
+        (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}"), precision=_HIGHEST)
+    # groups as separate convolutions: JAX cannot batch (vmap inside shard_map) the Jacobian of a
+    # grouped convolution
+    y = jnp.concatenate([conv(xg, wg) for xg, wg in zip(jnp.split(x, groups, axis=1),
+                                                        jnp.split(w, groups, axis=0))], axis=1)
     return y if b is None else y + b.reshape(-1, *(1,) * len(stride))
 
 

@@ -110,7 +110,7 @@ def translate(model: nn.Module, example: torch.Tensor) -> Translated:
     """
     program = export(model, example)
     translated = Translated(_apply_fn(program), program=program, **_arrays(program, model))
-    with precision(_dtype(model)):  # trace once: an untranslated operator fails here, not later
+    with precision(model_dtype(model)):  # trace once: an untranslated operator fails here, not later
         jax.eval_shape(translated, jax.ShapeDtypeStruct(example.shape, jax_dtype(example.dtype)))
     return translated
 
@@ -139,7 +139,8 @@ def export(model: nn.Module, example: torch.Tensor) -> ExportedProgram:
 
 # ------------------------------------------------------------ weights
 
-def _dtype(model: nn.Module) -> torch.dtype:
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's floating parameters and buffers (float32 if it has none)."""
     floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
     return floats[0].dtype if floats else torch.float32
 
@@ -151,7 +152,7 @@ def _arrays(program: ExportedProgram, model: nn.Module) -> dict[str, Variables]:
                **dict(model.named_buffers(remove_duplicate=False)), **program.constants}
     read = {n.name for n in program.graph.nodes if n.op == "placeholder" and n.users}
     specs = program.graph_signature.input_specs
-    with precision(_dtype(model)):
+    with precision(model_dtype(model)):
         return {"params": {s.target: to_jax(tensors[s.target], s.target)
                            for s in specs if s.kind == InputKind.PARAMETER},
                 "state": {s.target: to_jax(tensors[s.target], s.target)
@@ -207,7 +208,7 @@ def _interpret(module: fx.GraphModule, inputs: Sequence) -> tuple:
             env[node] = getattr(module, node.target)
         elif node.op == "call_function":
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
-            env[node] = _call(node, args, kwargs)
+            env[node] = call_node(node, args, kwargs)
         elif node.op == "output":
             return tuple(fx.node.map_arg(node.args[0], env.__getitem__))
     raise ConversionError("the exported graph has no output node.")
@@ -218,7 +219,8 @@ def _cond(pred, on_true: fx.GraphModule, on_false: fx.GraphModule, operands) -> 
     return lax.cond(pred, branch(on_true), branch(on_false), tuple(operands))
 
 
-def _call(node: fx.Node, args, kwargs):
+def call_node(node: fx.Node, args, kwargs):
+    """The value of the ATen ``node`` applied to ``args`` and ``kwargs`` (JAX arrays for tensors)."""
     target = node.target
     if isinstance(target, torch._ops.OpOverload) and target.overloadpacket in OPS:
         fn = OPS[target.overloadpacket]

@@ -70,6 +70,10 @@ class Node:
     def key(self, param: str) -> str:
         return f"{self.name}.{param}" if self.name else param
 
+    def owner(self, param: str) -> str:
+        """The qualified name of the module owning ``param`` (for ``by_layer``): this one."""
+        return self.name
+
 
 def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(module.named_parameters(recurse=False)),
@@ -169,6 +173,8 @@ class Graph:
         (5, 5)
     """
 
+    path = "layers"  # how the empirical kernels name this route (vs "torch.export")
+
     def __init__(self, nodes: list[Node], params: Params, signature: tuple):
         self.layers = tuple(nodes)
         self.params = params
@@ -187,6 +193,12 @@ class Graph:
         lines = [f"  {n!r}" + ("" if n.inputs == (n.index - 1,) else f" <- {names(n.inputs)}")
                  for n in self.layers]
         return "\n".join(["Graph(", *lines, ")"])
+
+    @property
+    def parameter_names(self) -> frozenset[str]:
+        """The keys of ``params`` that are torch parameters (the others are buffers)."""
+        return frozenset(n.key(p) for n in self.layers
+                         for p, _ in n.module.named_parameters(recurse=False))
 
     def init_fn(self, key: jax.Array, input_shape: tuple[int, ...]) -> tuple[tuple, Params]:
         """Fresh parameters from the init distribution in use; returns ``(output_shape, params)``."""

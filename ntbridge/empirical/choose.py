@@ -36,20 +36,25 @@ class StrategyInfo:
         ``bytes_accessed`` and ``estimated_s`` (the roofline ``max(flops / F, bytes / B)`` of the
         platform).
       reason: why this one, in words.
+      path: how the model's function was obtained: ``"layers"`` (the layer registry,
+        ``ntbridge.convert``) or ``"torch.export"`` (the translated graph of a model without a
+        converter), or ``"apply_fn"`` (a bare JAX function given to ``empirical_ntk_fn``).
 
     Example:
         >>> k, info = ntbridge.empirical_ntk(model, x1, x2, return_info=True)  # the README's
         >>> info
-        StrategyInfo(implementation='structured', reason="lowest estimated time on cpu from XLA's cost analysis (structured 1.13 ms, ntvp 6.05 ms, jacobian 11.8 ms)")
+        StrategyInfo(implementation='structured', path='layers', reason="lowest estimated time on cpu from XLA's cost analysis (structured 1.13 ms, ntvp 6.05 ms, jacobian 11.8 ms)")
     """
 
     implementation: str
     costs: dict[str, dict[str, float]]
     reason: str
+    path: str = "layers"
 
     def __repr__(self) -> str:
-        """The choice and its reason; the candidates' costs are ``info.costs``."""
-        return f"StrategyInfo(implementation={self.implementation!r}, reason={self.reason!r})"
+        """The choice, the path and the reason; the candidates' costs are ``info.costs``."""
+        return (f"StrategyInfo(implementation={self.implementation!r}, path={self.path!r}, "
+                f"reason={self.reason!r})")
 
 
 def _analysis(stage: jax.stages.Lowered | jax.stages.Compiled) -> dict:
@@ -173,7 +178,8 @@ class _Dispatch:
             units = math.prod(jax.eval_shape(WithState(self.model, state).apply_fn, params,
                                              x1).shape[1:])
             chunk = chunk if chunk < (x1 if x2 is None else x2).shape[0] * units else None
-        return self.program(best, axes, by_layer, chunk), StrategyInfo(best, costs, reason), chunk
+        info = StrategyInfo(best, costs, reason, getattr(self.model, "path", "apply_fn"))
+        return self.program(best, axes, by_layer, chunk), info, chunk
 
     def plan(self, params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=(),
              by_layer: bool = False, state=None, out_ndim: int | None = None,

@@ -16,7 +16,8 @@ def group_of(model) -> Callable[[tuple], str]:
     A ``Graph``: the qualified name of the module owning the parameter. A bare ``apply_fn``: the
     top-level key (or index) of the params pytree.
     """
-    owners = {n.key(p): n.name for n in getattr(model, "layers", None) or () for p in n.param_names}
+    owners = {n.key(p): n.owner(p) for n in getattr(model, "layers", None) or ()
+              for p in n.param_names}
 
     def group(path):
         top = path[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from ..errors import InputError, InputTypeError
 from ..tiling import Task
@@ -13,7 +14,7 @@ from .nngp import outputs_product
 
 def _trainable(graph) -> tuple[dict, dict]:
     """``(params, state)``: the graph's arrays that are torch parameters, and the others (buffers)."""
-    names = {n.key(p) for n in graph.layers for p, _ in n.module.named_parameters(recurse=False)}
+    names = graph.parameter_names
     return ({k: v for k, v in graph.params.items() if k in names},
             {k: v for k, v in graph.params.items() if k not in names})
 
@@ -27,7 +28,7 @@ def ntk_task(graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None, *
         raise InputError("the model has no parameters, so its empirical NTK is undefined; "
                          "use ntbridge.empirical_nngp, or the analytic ntbridge.ntk.")
     model_dtype = {p.dtype for p in params.values()}
-    if model_dtype != {x1.dtype}:
+    if jnp.issubdtype(x1.dtype, jnp.floating) and model_dtype != {x1.dtype}:  # else token ids
         raise InputTypeError(f"the model's parameters are {model_dtype.pop()} but x1 is "
                              f"torch.{x1.dtype}; convert one to the other, e.g. model.to(torch.{x1.dtype}).")
     run, info, axes, computation = _Dispatch(graph, implementation, interact).plan(

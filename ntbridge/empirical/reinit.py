@@ -1,0 +1,62 @@
+"""Fresh initialisations of a torch model by its modules' own ``reset_parameters``: the samples of
+``monte_carlo`` for models without a converter (whose parameters no ``init_fn`` can draw).
+
+Sample ``s`` of seed ``seed`` is drawn under ``torch.manual_seed(sample_seed(seed, s))``
+(``numpy.random.SeedSequence([seed, s])``'s first 32-bit state): each module with parameters of its
+own, submodules before the modules containing them (as at construction: reversed
+``model.modules()`` order), calls ``reset_parameters()`` (``_reset_parameters()`` for torch's
+``nn.MultiheadAttention``, which has no public one). The global RNG state is restored afterwards.
+
+Example:
+    >>> check_resettable(model)
+    >>> reinitialise(copy, seed=0, sample=3)        # copy: a deep copy of model, changed in place
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import UnsupportedLayerError
+
+
+def sample_seed(seed: int, sample: int) -> int:
+    """The torch seed of sample ``sample`` (see the module doc)."""
+    return int(np.random.SeedSequence([seed, sample]).generate_state(1)[0])
+
+
+def _reset_fn(module: nn.Module) -> Callable[[], None] | None:
+    reset = getattr(module, "reset_parameters", None)
+    if reset is None and isinstance(module, nn.MultiheadAttention):
+        reset = module._reset_parameters
+    return reset if callable(reset) else None
+
+
+def _owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules with parameters of their own, submodules first."""
+    return [(name, m) for name, m in reversed(list(model.named_modules()))
+            if next(m.parameters(recurse=False), None) is not None]
+
+
+def check_resettable(model: nn.Module) -> None:
+    """UnsupportedLayerError naming the first module with parameters but no ``reset_parameters``."""
+    for name, module in reversed(_owners(model)):
+        if _reset_fn(module) is None:
+            kind = type(module).__name__
+            raise UnsupportedLayerError(
+                f"module '{name}' ({kind}) has parameters but no reset_parameters(), so "
+                f"monte_carlo cannot draw fresh initialisations of this model (it has no "
+                f"converter). Define {kind}.reset_parameters() (re-initialising its parameters in "
+                f"place), or average ntbridge.empirical_ntk over models you initialise yourself.")
+
+
+def reinitialise(model: nn.Module, seed: int, sample: int) -> None:
+    """Draw sample ``sample`` of ``seed``'s initialisations into ``model``, in place (module doc)."""
+    devices = [p.device for p in model.parameters() if p.device.type == "cuda"][:1]
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        torch.manual_seed(sample_seed(seed, sample))
+        for _, module in _owners(model):
+            _reset_fn(module)()
