@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import warnings
 import weakref
 from typing import Callable, Iterator, Sequence
 
@@ -123,7 +124,11 @@ def export(model: nn.Module, example: torch.Tensor) -> ExportedProgram:
         raise InputError("the example must be a torch.Tensor of shape (N, ...) with N >= 1.")
     if example.shape[0] == 1:  # torch.export fixes axes of size 1: show it two examples
         example = example.expand(2, *example.shape[1:])
-    with _eval_mode(model):
+    with _eval_mode(model), warnings.catch_warnings():
+        # torch.export's own notices about how it traced (e.g. an RNN's cached flat weights), not
+        # about anything the user did: never shown to the user
+        warnings.filterwarnings("ignore", message=".*assigned during export", category=UserWarning)
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*deprecated", category=FutureWarning)
         try:
             program = torch.export.export(model, (example,), dynamic_shapes=({0: Dim("batch")},))
             return program.run_decompositions()
