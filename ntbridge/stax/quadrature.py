@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .kernel import safe_sqrt
+
 DEFAULT_DEGREE = 64
 _HALF_WIDTH = 6.5  # in standard deviations; the normal density beyond is below 1e-9
 _BLOCK = 8         # inner nodes evaluated at once
@@ -62,8 +64,8 @@ def gaussian_rule(fn: Callable[[jax.Array], jax.Array], degree: int = DEFAULT_DE
         dtype = c.dtype
         safe = jnp.where(q1 > 0, q1, 1)
         r = jnp.where(q1 > 0, c * jax.lax.rsqrt(safe), 0)
-        s = jnp.sqrt(jnp.maximum(q2 - r * r, 0))
-        root1 = jnp.sqrt(q1)
+        s = safe_sqrt(q2 - r * r)  # 0 on the diagonal, where q2 - r^2 is minimal
+        root1 = safe_sqrt(q1)
 
         def step(acc, node):
             zi, wi, zj, wj = (jnp.asarray(a, dtype) for a in node)
