@@ -157,15 +157,15 @@ class Differentiable(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, computation: Computation, *inputs: torch.Tensor | None):
-        ctx.computation = computation
-        ctx.save_for_backward(*inputs)
+        ctx.computation, ctx.inputs = computation, inputs  # not saved tensors: a node that can
+        # be differentiated again, e.g. ntbridge.kernel's NNGP and NTK one after the other
         return tuple(computation.forward())
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
         with torch.no_grad():
             result = ctx.computation.backward(grads, ctx.needs_input_grad[1:])
-        anchors = [t for t in (*ctx.saved_tensors, *grads) if t is not None and t.requires_grad]
+        anchors = [t for t in (*ctx.inputs, *grads) if t is not None and t.requires_grad]
         if torch.is_grad_enabled() and anchors:  # create_graph=True: refuse what would follow
             result = [None if g is None else _Once.apply(g, *anchors) for g in result]
         return (None, *result)
