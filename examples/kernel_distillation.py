@@ -18,10 +18,10 @@ import argparse
 import os
 
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 
 import ntbridge
+from digits import load
 from ntbridge.predict import gp_inference
 
 QUICK = os.environ.get("NTBRIDGE_EXAMPLE_QUICK") == "1"
@@ -30,14 +30,7 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--out", default=".", metavar="DIR", help="where to write the plot")
 out = parser.parse_args().out
 
-torch.manual_seed(0)
-digits = load_digits()
-x = torch.tensor(digits.data, dtype=torch.float64)
-x = (x - x.mean(0)) / (x.std(0) + 1e-6)  # standardise each pixel
-labels = torch.tensor(digits.target)
-order = torch.randperm(len(x))
-train, test = order[:1000], order[1000:]
-y = nn.functional.one_hot(labels, 10).double() - 0.1  # zero-mean one-hot targets
+x, y, labels, train, test = load(1000, 797)
 model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                       nn.Linear(512, 10)).double()
 

@@ -159,7 +159,9 @@ class Differentiable(torch.autograd.Function):
     def forward(ctx, computation: Computation, *inputs: torch.Tensor | None):
         ctx.computation, ctx.inputs = computation, inputs  # not saved tensors: a node that can
         # be differentiated again, e.g. ntbridge.kernel's NNGP and NTK one after the other
-        return tuple(computation.forward())
+        # the same memory; detached, so that a caller may write to them (autograd refuses in-place
+        # writes to views that a function returns among several outputs)
+        return tuple(t.detach() for t in computation.forward())
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):

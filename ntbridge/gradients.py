@@ -77,22 +77,21 @@ def compute(task: Task, inputs: tuple[torch.Tensor, torch.Tensor | None], x1: to
             x2: torch.Tensor | None, opts: Batching, graph: Graph) -> Any:
     """:func:`ntbridge.tiling.compute` of ``task`` on the validated ``x1``, ``x2``, with autograd
     history when grad mode is on and the user's ``inputs`` (x1, x2 as given) or the tracked model
-    parameters require grad.
+    parameters require grad (with ``out=``, inputs that require grad are refused and parameters
+    are not tracked).
 
     Returns the task's pytree of ``(N1, N2, ...)`` torch tensors.
 
     Example:
         >>> k = compute(task, (request.x1, request.x2), x1, x2, batching, graph)
     """
-    params = tracked_parameters(task, graph) if torch.is_grad_enabled() else []
-    wanted = [t for t in inputs if t is not None and t.requires_grad]
-    if not torch.is_grad_enabled() or not (wanted or params):
-        return compute_tiles(task, x1, x2, opts)
-    if opts.out is not None:
-        if wanted:
-            raise InputError("out= writes the kernel to a file, which carries no autograd history, "
-                             "but x1 or x2 requires grad; drop out= to differentiate the kernel, or "
-                             "detach the inputs (x.detach(), or torch.no_grad()).")
+    wanted = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+    if wanted and opts.out is not None:
+        raise InputError("out= writes the kernel to a file, which carries no autograd history, but "
+                         "x1 or x2 requires grad; drop out= to differentiate the kernel, or detach "
+                         "the inputs (x.detach(), or torch.no_grad()).")
+    params = tracked_parameters(task, graph) if torch.is_grad_enabled() and opts.out is None else []
+    if not (wanted or params):
         return compute_tiles(task, x1, x2, opts)
     kernel = _Kernel(task, x1, x2, opts, tuple(n for n, _ in params))
     leaves = Differentiable.apply(kernel, *inputs, *[t for _, t in params])

@@ -1,6 +1,7 @@
 """Kernels that torch autograd differentiates: analytic kernels w.r.t. x1 and x2 (gradcheck, and a
 closed form in torch ops, on and off the diagonal), empirical kernels w.r.t. inputs and parameters
-against torch.func, tiles and devices, zero-copy, and no history (nor VJP program) without grad."""
+against torch.func, tiles and devices, no history (nor VJP program) without grad, and no double
+backward. Zero-copy of the forward with gradients: tests/test_dlpack.py."""
 
 import math
 
@@ -12,7 +13,6 @@ from torch.func import functional_call, jacrev, vmap
 
 import ntbridge
 from ntbridge import errors, programs, stax
-from ntbridge.dlpack import shares_memory
 
 
 f64 = dict(dtype=torch.float64)
@@ -201,21 +201,6 @@ def test_tiles_and_devices_give_the_untiled_gradients():
         whole = gradients(call(batch_size=0), w, tensors)
         for g, r in zip(gradients(call(batch_size=2, device_count=4), w, tensors), whole):
             torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-14)
-
-
-def test_forward_result_is_handed_over_without_copy_when_gradients_are_requested(monkeypatch):
-    handed = []
-    original = ntbridge.tiling.run.to_torch
-
-    def spy(a):
-        t = original(a)
-        handed.append((shares_memory(t, a), t.data_ptr()))
-        return t
-
-    monkeypatch.setattr(ntbridge.tiling.run, "to_torch", spy)
-    x1 = torch.randn(5, 3, requires_grad=True)
-    k = ntbridge.ntk(mlp(nn.ReLU()), x1, torch.randn(4, 3))
-    assert handed == [(True, k.data_ptr())] and k.grad_fn is not None
 
 
 def vjp_programs() -> int:
