@@ -282,6 +282,8 @@ def analytic_rows(n: int, quick: bool) -> None:
     subprocess.run([sys.executable, __file__, "--device-scaling", str(n)], check=True,
                    env={**os.environ, "XLA_FLAGS": flags})
     cnn_kernels(64 if quick else 256, 8 if quick else 32)
+    from gradients import gradient_rows  # imports this module's helpers
+    gradient_rows(quick)
 
 
 def main() -> None:

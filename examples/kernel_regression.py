@@ -12,10 +12,10 @@ import math
 import os
 
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 
 import ntbridge
+from digits import load
 from ntbridge.predict import gp_inference, gradient_descent_mse_ensemble
 
 QUICK = os.environ.get("NTBRIDGE_EXAMPLE_QUICK") == "1"
@@ -23,14 +23,7 @@ N_TRAIN, N_TEST = (300, 200) if QUICK else (1000, 797)
 WIDTH, EPOCHS = (256, 15) if QUICK else (512, 25)
 LR = 0.1
 
-torch.manual_seed(0)
-digits = load_digits()
-x = torch.tensor(digits.data, dtype=torch.float64)
-x = (x - x.mean(0)) / (x.std(0) + 1e-6)  # standardise each pixel
-labels = torch.tensor(digits.target)
-order = torch.randperm(len(x))
-train, test = order[:N_TRAIN], order[N_TRAIN:N_TRAIN + N_TEST]
-y = nn.functional.one_hot(labels, 10).double() - 0.1  # zero-mean one-hot targets
+x, y, labels, train, test = load(N_TRAIN, N_TEST)
 
 
 def mlp(width: int) -> nn.Sequential:

@@ -8,7 +8,9 @@ Conventions (see each function):
   (computed with JAX's x64 mode on for the call only); float16/bfloat16 inputs are computed and
   returned in float32. ``x2`` is converted to the dtype of ``x1``.
 * ``x2=None`` means ``x2 = x1`` and the result is exactly symmetric.
-* Kernels are returned without autograd history (inputs that require grad are detached).
+* Kernels are differentiable by torch autograd when x1, x2 (or, for the empirical kernels, a model
+  parameter) require grad and grad mode is on; otherwise they carry no history and cost no VJP
+  work (see :mod:`ntbridge.gradients`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@
   in both directions. The DLPack protocol passes the consumer's stream, so pending torch work is
   visible to JAX and JAX results are visible to torch.
 * Non-contiguous or misaligned tensors are copied exactly once (by ``.contiguous()`` or by JAX).
-* Tensors that require grad are detached: kernels come back without autograd history.
+* Tensors that require grad are detached here; a kernel's autograd history is carried by
+  :class:`Differentiable`, whose backward computes in JAX and hands the gradients back through
+  DLPack too.
 * float16/bfloat16 are computed in float32 (one copy); float64 needs JAX's x64 mode, which
   :func:`precision` switches on for the duration of an ntbridge call only.
 
@@ -18,12 +20,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator, Protocol, Sequence
 
 import jax
 import torch
 
-from .errors import InputError, InputTypeError
+from .errors import GradientError, InputError, InputTypeError
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -123,3 +125,59 @@ def abstract(t: torch.Tensor) -> jax.ShapeDtypeStruct:
     """
     dtype = jax.numpy.dtype(str(t.dtype).removeprefix("torch."))
     return jax.ShapeDtypeStruct(tuple(t.shape), jax.dtypes.canonicalize_dtype(dtype))
+
+
+class Computation(Protocol):
+    """What :class:`Differentiable` runs: a kernel's forward (its leaves as torch tensors) and its
+    backward (a gradient, or None, per input, from the gradients of the leaves)."""
+
+    def forward(self) -> Sequence[torch.Tensor]: ...
+
+    def backward(self, grads: Sequence[torch.Tensor],
+                 needed: Sequence[bool]) -> Sequence[torch.Tensor | None]: ...
+
+
+class Differentiable(torch.autograd.Function):
+    """A kernel computed in JAX, as one node of torch's autograd graph.
+
+    ``Differentiable.apply(computation, *inputs)`` returns ``computation.forward()``'s tensors as
+    they are (no copy), with ``inputs`` (the torch tensors the kernel depends on; None allowed) as
+    their autograd inputs. Differentiable once: a double backward raises
+    :class:`~ntbridge.errors.GradientError`.
+
+    Example:
+        >>> (k,) = Differentiable.apply(computation, x1, None)
+        >>> k.sum().backward()   # x1.grad from computation.backward
+    """
+
+    @staticmethod
+    def forward(ctx, computation: Computation, *inputs: torch.Tensor | None):
+        ctx.computation, ctx.inputs = computation, inputs  # not saved tensors: a node that can
+        # be differentiated again, e.g. ntbridge.kernel's NNGP and NTK one after the other
+        # the same memory; detached, so that a caller may write to them (autograd refuses in-place
+        # writes to views that a function returns among several outputs)
+        return tuple(t.detach() for t in computation.forward())
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        with torch.no_grad():
+            result = ctx.computation.backward(grads, ctx.needs_input_grad[1:])
+        anchors = [t for t in (*ctx.inputs, *grads) if t is not None and t.requires_grad]
+        if torch.is_grad_enabled() and anchors:  # create_graph=True: refuse what would follow
+            result = [None if g is None else _Once.apply(g, *anchors) for g in result]
+        return (None, *result)
+
+
+class _Once(torch.autograd.Function):
+    """The identity on a gradient, whose own derivative is refused (a kernel's gradient carries no
+    history, so a second derivative through it would silently be zero)."""
+
+    @staticmethod
+    def forward(ctx, grad: torch.Tensor, *anchors: Any) -> torch.Tensor:
+        return grad.clone()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise GradientError("ntbridge kernels are differentiable once: a double backward (a "
+                            "gradient of a kernel's gradient, e.g. backward(create_graph=True) "
+                            "then backward again) is not supported.")

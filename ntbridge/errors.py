@@ -32,6 +32,10 @@ class UnsupportedLayerError(NtbridgeError, NotImplementedError):
     """A module has no converter, or no infinite-width kernel rule."""
 
 
+class GradientError(NtbridgeError, NotImplementedError):
+    """A derivative ntbridge does not compute: a kernel differentiates once (no double backward)."""
+
+
 class ConversionError(NtbridgeError):
     """A model could not be translated (e.g. torch.fx could not trace it)."""
 

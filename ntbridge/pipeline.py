@@ -11,7 +11,9 @@ analysis, the command line) builds a :class:`Request` and calls :func:`run`:
 3. the request's ``task`` builds the :class:`~ntbridge.tiling.Task` to compute (what kernel, with
    which strategy);
 4. :func:`ntbridge.tiling.compute` plans the tiles from XLA's memory analysis of the one program it
-   compiles (or finds in :mod:`ntbridge.programs`), runs them and assembles torch tensors.
+   compiles (or finds in :mod:`ntbridge.programs`), runs them and assembles torch tensors; when
+   the inputs or the model's parameters require grad, as a node of torch's autograd graph
+   (:mod:`ntbridge.gradients`).
 
 Example:
     >>> result, info, graph = run(Request(model, x1, None, task=lambda g, x1, x2: (task, None)))
@@ -25,13 +27,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from . import gradients
 from .converters import Graph, convert
 from .converters.export import model_dtype
 from .converters.translated import TranslatedGraph, empirical_graph
 from .dlpack import check_device, kernel_dtype, precision
 from .errors import InputError, InputTypeError, ShapeError
 from .tiling import Batching, Task
-from .tiling import compute
 
 TaskBuilder = Callable[[Graph, torch.Tensor, "torch.Tensor | None"], tuple[Task, Any]]
 _INDEX_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
@@ -151,5 +153,5 @@ def run(request: Request) -> tuple[Any, Any, Graph | TranslatedGraph]:
         graph = model_graph(request, x1)
         check_fits(graph, x1, x2)
         task, info = request.task(graph, x1, x2)
-        result = compute(task, x1, x2, batching)
+        result = gradients.compute(task, (request.x1, request.x2), x1, x2, batching, graph)
     return result, info, graph

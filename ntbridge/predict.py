@@ -6,6 +6,9 @@ amplify rounding errors by the kernel's condition number). Shapes: ``k_train_tra
 
 Training is gradient flow on ``L = 1/2 sum_i |f(x_i) - y_i|^2`` with learning rate ``lr``:
 ``df/dt = -lr * NTK (f - y)``; ``t = inf`` is the converged ensemble.
+
+Torch operations only: predictions are differentiable by torch autograd w.r.t. the kernels and the
+targets (e.g. through ``ntbridge.nngp`` to the inputs, as in ``examples/kernel_distillation.py``).
 """
 
 from __future__ import annotations

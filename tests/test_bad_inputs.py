@@ -186,6 +186,10 @@ ROWS = {
                               errors.InputError, r"its directory does not exist"),
     "out-two-kernels": (mlp, lambda m, p: ntbridge.kernel(m, X, out=str(p / "k.npy")),
                         errors.InputError, r"out= stores one kernel"),
+    "out-with-gradient": (mlp, lambda m, p: ntbridge.ntk(m, X.clone().requires_grad_(),
+                                                         out=str(p / "k.npy")),
+                          errors.InputError, r"out= writes the kernel to a file, which carries no "
+                                             r"autograd history, but x1 or x2 requires grad"),
 }
 
 # Rows whose out file exists before the call: name -> how it is made.

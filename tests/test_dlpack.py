@@ -60,9 +60,10 @@ def test_non_float_inputs_are_refused(dtype):
         dlpack.kernel_dtype(torch.zeros(2, 2, dtype=dtype), "x1")
 
 
-def test_ntk_result_reaches_torch_without_copy(monkeypatch):
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_ntk_result_reaches_torch_without_copy(monkeypatch, requires_grad):
     """The program's output becomes the returned tensor without a copy (x2 given: with x2 = None
-    the result is the symmetrized output, a new tensor)."""
+    the result is the symmetrized output, a new tensor), with autograd history or without."""
     handed = []
     original = ntbridge.tiling.run.to_torch
 
@@ -73,8 +74,9 @@ def test_ntk_result_reaches_torch_without_copy(monkeypatch):
 
     monkeypatch.setattr(ntbridge.tiling.run, "to_torch", spy)
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-    k = ntbridge.ntk(model, torch.randn(5, 3), torch.randn(4, 3))
+    k = ntbridge.ntk(model, torch.randn(5, 3, requires_grad=requires_grad), torch.randn(4, 3))
     assert handed == [(True, k.data_ptr())] and k.shape == (5, 4)
+    assert (k.grad_fn is not None) == requires_grad
 
 
 @cuda

@@ -63,6 +63,35 @@ def test_infinite_time_is_kernel_regression_and_needs_a_regular_kernel():
         predict.gp_inference(ntt[:3, :3], torch.ones(4, 1), nst[:, :3])
 
 
+def blocks(k: torch.Tensor, n: int):
+    """The train-train, test-train and test-test blocks of a joint kernel symmetrized (gradcheck
+    perturbs entries one at a time; the solvers read one triangle)."""
+    k = (k + k.T) / 2
+    return k[:n, :n], k[n:, :n], k[n:, n:]
+
+
+@pytest.mark.parametrize("t", [0.7, math.inf])
+def test_predictions_differentiate_in_the_kernels_and_the_targets(t):
+    """Torch code only (no numpy, no detach): gradcheck w.r.t. every kernel and the targets."""
+    *_, nngp = psd(5, 3, 0)
+    *_, ntk = psd(5, 3, 1)
+    y = torch.from_numpy(np.random.default_rng(2).normal(size=(5, 2)))
+    nngp, ntk, y = (a.clone().requires_grad_() for a in (nngp, ntk, y))
+
+    def gp(k, y):
+        ktt, kst, kss = blocks(k, 5)
+        return predict.gp_inference(ktt, y, kst, kss, diag_reg=1e-3)
+
+    def ensemble(ntk, nngp, y):
+        (ttt, tst, _), (ktt, kst, kss) = blocks(ntk, 5), blocks(nngp, 5)
+        return predict.gradient_descent_mse_ensemble(
+            ttt, y, tst, t, nngp_train_train=ktt, nngp_test_train=kst, nngp_test_test=kss,
+            lr=0.5, diag_reg=1e-3)
+
+    assert torch.autograd.gradcheck(gp, (nngp, y))
+    assert torch.autograd.gradcheck(ensemble, (ntk, nngp, y))
+
+
 def test_assert_kernels_close_reports_the_worst_entry():
     a = torch.eye(3)
     b = a.clone()

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InputError, UnsupportedLayerError
-from .kernel import Kernel, variances
+from .kernel import Kernel, safe_reciprocal, safe_sqrt, variances
 from .layers import Layer
 from .piecewise import Pieces, piecewise_rule
 from .quadrature import Rule, gaussian_rule, smooth_rule
@@ -99,19 +99,33 @@ def _horner(coefficients: tuple[float, ...], t: jax.Array) -> jax.Array:
     return out
 
 
+@jax.custom_jvp
 def _angles(cos: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(sin t, pi - t)`` for ``t = arccos(cos)``, ``cos`` in [-1, 1].
 
     float32 uses the interpolants above, with one square root per entry: libm's arccos costs far
     more than the whole rest of a ReLU layer. ``pi - t`` is computed directly, so it stays
-    relatively accurate as t -> pi.
+    relatively accurate as t -> pi. Derivatives: see :func:`_angles_jvp`.
     """
     if cos.dtype != jnp.float32:
-        return jnp.sqrt(jnp.maximum(1.0 - cos * cos, 0.0)), jnp.arccos(-cos)
+        return safe_sqrt(1.0 - cos * cos), jnp.arccos(-cos)
     a = jnp.abs(cos)
     root, t = jnp.sqrt(1.0 - a), 2.0 * a - 1.0
     acos_a = root * _horner(_ACOS_OVER_ROOT, t)     # arccos(|cos|), in [0, pi/2]
     return root * _horner(_SQRT_ONE_PLUS, t), jnp.where(cos >= 0, math.pi - acos_a, acos_a)
+
+
+@_angles.defjvp
+def _angles_jvp(primals, tangents):
+    """``d(sin t) = -cos / sin dcos`` and ``d(pi - t) = dcos / sin``, exactly (not through the
+    interpolants), and 0 at ``cos = +-1``: there ``t`` has an infinite derivative, but the cosine is
+    extremal (an example with itself: :func:`_cosine` snaps it to +-1 with derivative 0), so the
+    gradient is the limit along perturbations that keep the angle (e.g. scaling an input), and the
+    mean of the one-sided limits across the kink of ``t`` in the others."""
+    (cos,), (dcos,) = primals, tangents
+    sin, rest = _angles(cos)
+    slope = safe_reciprocal(sin) * dcos
+    return (sin, rest), (-cos * slope, slope)
 
 
 SNAP = 8  # ulps: cosines this close to +-1 are +-1 (see _cosine)
@@ -124,10 +138,11 @@ def _cosine(c: jax.Array, q1: jax.Array, q2: jax.Array) -> tuple[jax.Array, jax.
     exactly 1, but ``c`` and ``q1``, ``q2`` are rounded separately (different XLA fusions), and the
     angle is ill-conditioned there (``t ~ sqrt(2 (1 - cos))``: one ulp of float32 would cost 1e-4
     of the ReLU NTK). Distinct examples that close are not resolved by the rounding of ``c``
-    anyway. A zero-variance side is the limit of vanishing inputs (cosine 0), never NaN.
+    anyway. A zero-variance side is the limit of vanishing inputs (cosine 0), never NaN (nor its
+    gradient).
     """
-    s1, s2 = jnp.sqrt(q1), jnp.sqrt(q2)
-    r1, r2 = (jnp.where(s > 0, 1 / jnp.where(s > 0, s, 1), 0) for s in (s1, s2))
+    s1, s2 = safe_sqrt(q1), safe_sqrt(q2)
+    r1, r2 = safe_reciprocal(s1), safe_reciprocal(s2)
     cos = c * r1 * r2
     near_one = jnp.abs(cos) >= 1 - SNAP * jnp.finfo(cos.dtype).eps
     cos = jnp.where(near_one, jnp.sign(cos), cos)

@@ -178,6 +178,32 @@ def swap_perm(ndim: int, diagonal_spatial: bool) -> tuple[int, ...]:
     return tuple(perm)
 
 
+def safe_sqrt(x: jax.Array) -> jax.Array:
+    """``sqrt(max(x, 0))`` whose derivative is 0 (not infinite) where ``x <= 0``.
+
+    Kernels take square roots of variances and of ``1 - cos^2``, which vanish at zero inputs and
+    on the diagonal; there, whatever multiplies the infinite derivative vanishes too (a variance is
+    minimal at zero, the cosine maximal at x1 == x2), so 0 is the limit autodiff should see.
+
+    Example:
+        >>> jax.grad(safe_sqrt)(0.0)
+        Array(0., dtype=float32, weak_type=True)
+    """
+    positive = x > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1)), 0)
+
+
+def safe_reciprocal(x: jax.Array) -> jax.Array:
+    """``1 / x`` where ``x > 0``, else 0, with finite derivatives everywhere.
+
+    Example:
+        >>> safe_reciprocal(jnp.array([2.0, 0.0]))
+        Array([0.5, 0. ], dtype=float32)
+    """
+    positive = x > 0
+    return jnp.where(positive, 1 / jnp.where(positive, x, 1), 0)
+
+
 def symmetrize(a, perm: tuple[int, ...]):
     """``(a + a.transpose(perm)) / 2`` for a JAX array or a torch tensor: exactly symmetric when
     evaluated op by op (not inside a compiled program, where XLA may fold the transpose into the

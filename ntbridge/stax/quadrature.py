@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .kernel import safe_sqrt
+
 Rule = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 Function = Callable[[jax.Array], jax.Array]
 
@@ -74,18 +76,11 @@ def _value_and_slope(fn: Function, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jax.jvp(fn, (x,), (jnp.ones_like(x),))
 
 
-def _sqrt(x: jax.Array) -> jax.Array:
-    """``sqrt(max(x, 0))``, its gradient at 0 taken as 0 rather than infinite, so that no rule's
-    gradient is NaN at a zero variance or at correlations +-1."""
-    positive = x > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1)), 0)
-
-
 def spread(c: jax.Array, q1: jax.Array, q2: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(sqrt(q1), r, s)`` of the module doc, finite (0) where a variance is 0."""
-    root1 = _sqrt(q1)
+    root1 = safe_sqrt(q1)
     r = c * safe_inverse(root1)
-    return root1, r, _sqrt(q2 - r * r)
+    return root1, r, safe_sqrt(q2 - r * r)
 
 
 def smooth_rule(fn: Function) -> Rule:

@@ -52,30 +52,54 @@ class Task:
     args: Any = dataclasses.field(default=None, compare=False)
 
 
-def _program(task: Task, devices: list, tiling: Tiling) -> Callable:
-    """``jit(shard_map(...))`` of ``task.fn`` over stacks of tiles ``(devices, b, ...)``."""
-    mesh = Mesh(np.array(devices), ("tiles",))
-    tiles, whole = PartitionSpec("tiles"), PartitionSpec()
+def tile_fn(task: Task, tiling: Tiling) -> Callable:
+    """``fn(args, a1, a2)`` of one tile ``a1 (b1, ...)``, ``a2 (b2, ...)``: ``task.fn``, with
+    ``a2=None`` when the tile is a whole symmetric kernel."""
     one_symmetric_tile = tiling.symmetric and tiling.whole
+    return lambda args, a1, a2: task.fn(args, a1, None if one_symmetric_tile else a2)
+
+
+def shardings(devices: list) -> tuple[NamedSharding, NamedSharding]:
+    """``(stacks, replicated)``: one slice of a leading axis per device, and a whole copy on each."""
+    mesh = Mesh(np.array(devices), ("tiles",))
+    return NamedSharding(mesh, PartitionSpec("tiles")), NamedSharding(mesh, PartitionSpec())
+
+
+def sharded(local: Callable, devices: list, n_stacked: int) -> Callable:
+    """``jit(shard_map(local))``: ``local(args, *stacks)`` runs on each device with ``args``
+    replicated and its own slice ``(1, ...)`` of each of the ``n_stacked`` stacks ``(devices,
+    ...)``; its outputs are stacked along a leading device axis."""
+    stacks, replicated = shardings(devices)
+    mapped = jax.shard_map(local, mesh=stacks.mesh, in_specs=(replicated.spec,
+                                                              *[stacks.spec] * n_stacked),
+                           out_specs=stacks.spec, check_vma=False)
+    return jax.jit(mapped, in_shardings=(replicated, *[stacks] * n_stacked), out_shardings=stacks)
+
+
+def _program(task: Task, devices: list, tiling: Tiling) -> Callable:
+    """The program of ``task``'s tiles over stacks of tiles ``(devices, b, ...)``: each tile's
+    kernel and whether it is finite."""
+    fn = tile_fn(task, tiling)
 
     def local(args, a1, a2):  # this device's tile: a1 (1, b1, ...), a2 (1, b2, ...)
-        out = task.fn(args, a1[0], None if one_symmetric_tile else a2[0])
+        out = fn(args, a1[0], a2[0])
         finite = jnp.all(jnp.stack([jnp.isfinite(k).all() for k in jax.tree.leaves(out)]))
         return jax.tree.map(lambda leaf: leaf[None], out), finite[None]
 
-    mapped = jax.shard_map(local, mesh=mesh, in_specs=(whole, tiles, tiles), out_specs=tiles,
-                           check_vma=False)
-    sharded, replicated = NamedSharding(mesh, tiles), NamedSharding(mesh, whole)
-    return jax.jit(mapped, in_shardings=(replicated, sharded, sharded),
-                   out_shardings=sharded)
+    return sharded(local, devices, 2)
+
+
+def abstract_arguments(task: Task, tiling: Tiling, devices: list, x1: torch.Tensor) -> tuple:
+    """The shapes and dtypes of the tile program's arguments: ``(args, a1 stack, a2 stack)``."""
+    tiles = lambda b: jax.ShapeDtypeStruct((len(devices), b, *x1.shape[1:]), abstract(x1).dtype)
+    args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), task.args)
+    return args, tiles(tiling.b1), tiles(tiling.b2)
 
 
 def compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor):
     """The compiled program of ``task`` for ``tiling``'s tiles of inputs like ``x1`` (cached)."""
     devices = tiling.devices(opts)
-    stack = lambda b: jax.ShapeDtypeStruct((len(devices), b, *x1.shape[1:]), abstract(x1).dtype)
-    args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), task.args)
-    arguments = (args, stack(tiling.b1), stack(tiling.b2))
+    arguments = abstract_arguments(task, tiling, devices, x1)
     key = programs.ProgramKey.of("tiles", (task.computation, tiling.symmetric, tiling.whole),
                                  arguments, devices)
     return programs.cached(key, lambda: programs.compile(
@@ -115,7 +139,7 @@ def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool, opts: Batching)
         f"a cheaper kernel (e.g. a Flatten head instead of global pooling), or a larger device.")
 
 
-def _stack(tiles: list[torch.Tensor], sharding: NamedSharding, devices: list) -> jax.Array:
+def stack(tiles: list[torch.Tensor], sharding: NamedSharding, devices: list) -> jax.Array:
     """Torch tiles (padded to one size) as one JAX array ``(devices, b, ...)``, a tile per device."""
     tiles = tiles + tiles[-1:] * (len(devices) - len(tiles))
     # copies owned by JAX (one per tile, cheap beside the kernel): with tiles aliasing torch's
@@ -127,7 +151,7 @@ def _stack(tiles: list[torch.Tensor], sharding: NamedSharding, devices: list) ->
                                                     shards)
 
 
-def _pad(x: torch.Tensor, rows: slice, size: int) -> torch.Tensor:
+def pad(x: torch.Tensor, rows: slice, size: int) -> torch.Tensor:
     """Rows ``rows`` of x, padded to ``size`` by repeating the last row."""
     tile = x[rows]
     if tile.shape[0] < size:
@@ -135,7 +159,15 @@ def _pad(x: torch.Tensor, rows: slice, size: int) -> torch.Tensor:
     return tile
 
 
-def _per_device(leaf: jax.Array) -> list[torch.Tensor]:
+def tile_inputs(x1: torch.Tensor, xb: torch.Tensor, tiling: Tiling, group: list[tuple[int, int]],
+                sharding: NamedSharding, devices: list) -> tuple[jax.Array, jax.Array]:
+    """The stacks ``(devices, b1, ...)`` and ``(devices, b2, ...)`` of the row blocks of ``x1`` and
+    the column blocks of ``xb`` (x2, or x1 again) of the tiles ``group``, one tile per device."""
+    return (stack([pad(x1, tiling.rows(i), tiling.b1) for i, _ in group], sharding, devices),
+            stack([pad(xb, tiling.cols(j), tiling.b2) for _, j in group], sharding, devices))
+
+
+def per_device(leaf: jax.Array) -> list[torch.Tensor]:
     """The device-local blocks of a stacked output, in stack order, as torch tensors (no copy)."""
     shards = sorted(leaf.addressable_shards, key=lambda s: s.index[0].start or 0)
     return [to_torch(s.data)[0] for s in shards]
@@ -179,18 +211,13 @@ def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batchin
     from tqdm.auto import tqdm
     bar = tqdm(total=len(mine), desc="ntbridge tiles", unit="tile", disable=not show)
     devices = tiling.devices(opts)
-    mesh = Mesh(np.array(devices), ("tiles",))
-    sharding = NamedSharding(mesh, PartitionSpec("tiles"))
-    args = jax.device_put(task.args, NamedSharding(mesh, PartitionSpec()))
+    sharding, replicated = shardings(devices)
+    args = jax.device_put(task.args, replicated)
     computed = {}
     for start in range(0, len(mine), len(devices)):
         group = mine[start:start + len(devices)]
-        out, finite = program(args,
-                              _stack([_pad(x1, tiling.rows(i), tiling.b1) for i, _ in group],
-                                     sharding, devices),
-                              _stack([_pad(xb, tiling.cols(j), tiling.b2) for _, j in group],
-                                     sharding, devices))
-        blocks = [_per_device(leaf) for leaf in jax.tree.leaves(out)]
+        out, finite = program(args, *tile_inputs(x1, xb, tiling, group, sharding, devices))
+        blocks = [per_device(leaf) for leaf in jax.tree.leaves(out)]
         finite = np.asarray(finite)
         for k, (i, j) in enumerate(group):
             rows, cols = tiling.rows(i), tiling.cols(j)

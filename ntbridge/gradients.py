@@ -1,0 +1,98 @@
+"""Kernels that torch autograd differentiates.
+
+When grad mode is on and ``x1``, ``x2`` or a model parameter the kernel depends on requires grad,
+the pipeline's kernel is computed as one :class:`~ntbridge.dlpack.Differentiable` node: the
+forward is :func:`ntbridge.tiling.compute` as without gradients (the result is handed over without
+a copy), and the backward is the sum of the tiles' JAX VJPs (:mod:`ntbridge.tiling.backward`),
+compiled on first use and cached like every program. Otherwise nothing changes: no history, no VJP
+program.
+
+Which model parameters count: those of ``task.args`` that are the very JAX arrays the converter made
+from torch parameters requiring grad (``graph.params``): the empirical kernels' parameters. The
+analytic kernels depend on the inputs only.
+
+Example:
+    >>> x = torch.randn(8, 3, requires_grad=True)
+    >>> ntbridge.ntk(model, x).sum().backward()
+    >>> x.grad.shape
+    torch.Size([8, 3])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import torch
+
+from .converters.graph import Graph, module_tensors
+from .dlpack import Differentiable, precision
+from .errors import InputError
+from .tiling import Batching, Task
+from .tiling import compute as compute_tiles
+from .tiling.backward import vjp
+
+
+def tracked_parameters(task: Task, graph: Graph) -> list[tuple[int, torch.Tensor]]:
+    """``(leaf index in task.args, torch parameter)`` for each leaf of ``task.args`` converted from
+    a torch tensor that requires grad."""
+    tensors = module_tensors(graph.layers)
+    found = []
+    for n, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(task.args)[0]):
+        key = getattr(path[-1], "key", None) if path else None
+        if key in tensors and tensors[key].requires_grad and leaf is graph.params.get(key):
+            found.append((n, tensors[key]))
+    return found
+
+
+@dataclasses.dataclass
+class _Kernel:
+    """A task's kernel and its VJP (the :class:`~ntbridge.dlpack.Computation` of a request)."""
+
+    task: Task
+    x1: torch.Tensor
+    x2: torch.Tensor | None
+    opts: Batching
+    tracked: tuple[int, ...]
+    treedef: Any = None
+
+    def forward(self) -> list[torch.Tensor]:
+        leaves, self.treedef = jax.tree.flatten(compute_tiles(self.task, self.x1, self.x2,
+                                                              self.opts))
+        return leaves
+
+    def backward(self, grads: Sequence[torch.Tensor],
+                 needed: Sequence[bool]) -> list[torch.Tensor | None]:
+        """Gradients for ``(x1, x2, *tracked parameters)``, those ``needed``."""
+        tracked = tuple(i for i, want in zip(self.tracked, needed[2:]) if want)
+        with precision(self.x1.dtype):
+            d_args, d_x1, d_x2 = vjp(self.task, self.x1, self.x2, self.opts, grads, tracked,
+                                     (needed[0], needed[1] and self.x2 is not None))
+        by_leaf = dict(zip(tracked, d_args))
+        return [d_x1, d_x2, *[by_leaf.get(i) for i in self.tracked]]
+
+
+def compute(task: Task, inputs: tuple[torch.Tensor, torch.Tensor | None], x1: torch.Tensor,
+            x2: torch.Tensor | None, opts: Batching, graph: Graph) -> Any:
+    """:func:`ntbridge.tiling.compute` of ``task`` on the validated ``x1``, ``x2``, with autograd
+    history when grad mode is on and the user's ``inputs`` (x1, x2 as given) or the tracked model
+    parameters require grad (with ``out=``, inputs that require grad are refused and parameters
+    are not tracked).
+
+    Returns the task's pytree of ``(N1, N2, ...)`` torch tensors.
+
+    Example:
+        >>> k = compute(task, (request.x1, request.x2), x1, x2, batching, graph)
+    """
+    wanted = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+    if wanted and opts.out is not None:
+        raise InputError("out= writes the kernel to a file, which carries no autograd history, but "
+                         "x1 or x2 requires grad; drop out= to differentiate the kernel, or detach "
+                         "the inputs (x.detach(), or torch.no_grad()).")
+    params = tracked_parameters(task, graph) if torch.is_grad_enabled() and opts.out is None else []
+    if not (wanted or params):
+        return compute_tiles(task, x1, x2, opts)
+    kernel = _Kernel(task, x1, x2, opts, tuple(n for n, _ in params))
+    leaves = Differentiable.apply(kernel, *inputs, *[t for _, t in params])
+    return jax.tree.unflatten(kernel.treedef, leaves)
