@@ -300,7 +300,7 @@ def _translated_samples(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | N
     """The running :class:`Estimate` at each of ``counts``, from torch-side re-initialisations of
     a copy of ``model`` (see :func:`monte_carlo`), one empirical kernel per sample."""
     check_resettable(model)
-    sample = copy.deepcopy(model)  # the user's model keeps its weights
+    sample = copy.deepcopy(model).requires_grad_(False)  # the user's model keeps its weights
     task = _ntk("auto", False, False, axes) if get == "ntk" else _nngp(False, axes)
     moments, done = None, 0
     for count in counts:

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import jax
 import torch
 
-from .converters.graph import Graph, module_tensors
+from .converters.graph import Graph
 from .dlpack import Differentiable, precision
 from .errors import InputError
 from .tiling import Batching, Task
@@ -37,7 +37,7 @@ from .tiling.backward import vjp
 def tracked_parameters(task: Task, graph: Graph) -> list[tuple[int, torch.Tensor]]:
     """``(leaf index in task.args, torch parameter)`` for each leaf of ``task.args`` converted from
     a torch tensor that requires grad."""
-    tensors = module_tensors(graph.layers)
+    tensors = graph.tensors
     found = []
     for n, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(task.args)[0]):
         key = getattr(path[-1], "key", None) if path else None

@@ -184,6 +184,33 @@ def test_empirical_ntk_gradients_match_torch_func(implementation):
             torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-12)
 
 
+class Cumulative(nn.Module):
+    """No converter (torch.cumsum, a product with the input): empirical kernels translate it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.head = nn.Linear(5, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(torch.tanh(torch.cumsum(self.a(x), dim=1)) * x.sum(1, keepdim=True))
+
+
+@pytest.mark.parametrize("implementation", ["jacobian", "structured"])
+def test_gradients_of_a_translated_model_match_torch_func(implementation):
+    model = Cumulative().double()
+    x1 = torch.randn(3, 5, **f64, requires_grad=True)
+    x2 = torch.randn(2, 5, **f64, requires_grad=True)
+    params = list(model.parameters())
+    w = torch.randn(3, 2, **f64)
+    k, info = ntbridge.empirical_ntk(model, x1, x2, implementation=implementation,
+                                     return_info=True)
+    assert info.path == "torch.export"
+    got = gradients(k, w, [x1, x2, *params])
+    want = gradients(torch_func_ntk(model, x1, x2, True), w, [x1, x2, *params])
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-12)
+
+
 def test_tiles_and_devices_give_the_untiled_gradients():
     """Tiles of 2 over 4 devices (padding, mirrored tiles of x2 = None, devices left idle) vs one
     tile: the same gradients, analytic (w.r.t. x1, x2) and empirical (and the parameters)."""

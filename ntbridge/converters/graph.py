@@ -205,6 +205,11 @@ class Graph:
         shape, per_layer = self.network.init_fn(key, tuple(input_shape))
         return shape, {n.key(p): v for n, lp in zip(self.layers, per_layer) for p, v in lp.items()}
 
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The torch parameters and buffers ``params`` were read from, by name."""
+        return module_tensors(self.layers)
+
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The output shape for inputs of ``input_shape``; raises ShapeError if they do not fit."""
         def trace():  # cached per architecture and shape: tracing it takes milliseconds per call

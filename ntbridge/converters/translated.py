@@ -40,13 +40,14 @@ class TranslatedGraph:
       layers: the graph's :class:`~.steps.Step` s (for the ``"structured"`` strategy).
       apply_fn: ``apply_fn(params, x) -> model(x)`` in eval mode, ``x`` of any batch size.
       signature: what fixes the function, for program keys.
+      tensors: the torch parameters and buffers ``params`` were read from, by name.
     """
 
     path = "torch.export"
 
     def __init__(self, translated: Translated, steps: tuple[Step, ...], signature: tuple,
-                 input_dtype: torch.dtype):
-        self.layers = steps
+                 input_dtype: torch.dtype, tensors: dict[str, torch.Tensor]):
+        self.layers, self.tensors = steps, tensors
         self.params = {**translated.params, **translated.state}
         self.parameter_names = frozenset(translated.params)
         self.apply_fn = translated.apply_fn
@@ -91,7 +92,9 @@ def empirical_graph(model: nn.Module, x1: torch.Tensor, conversion: dict,
     key = cache_key(model, x1)
     translated, steps = programs.cached(programs.ProgramKey.of("translation", key, ()),
                                         lambda: _translation(model, x1))
-    return TranslatedGraph(translated.with_weights(weights), steps, ("torch.export", key), x1.dtype)
+    tensors = {**dict(weights.named_parameters()), **dict(weights.named_buffers())}
+    return TranslatedGraph(translated.with_weights(weights), steps, ("torch.export", key), x1.dtype,
+                           tensors)
 
 
 def _translation(model: nn.Module, x1: torch.Tensor) -> tuple[Translated, tuple[Step, ...]]:
