@@ -21,8 +21,8 @@ import numpy as np
 from ..errors import InputError, UnsupportedLayerError
 from .kernel import Kernel, safe_reciprocal, safe_sqrt, variances
 from .layers import Layer
-from .piecewise import Pieces, piecewise_rule
-from .quadrature import Rule, gaussian_rule, smooth_rule
+from .piecewise import Pieces, piecewise_rule, quadrature_rule
+from .quadrature import Rule, smooth_rule
 
 
 def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str) -> Layer:
@@ -55,7 +55,7 @@ def numerical_rule(fn: Callable[[jax.Array], jax.Array], kinks: Sequence[float] 
     smooth rule (``quadrature.py``)."""
     if pieces is not None:
         return piecewise_rule(pieces)
-    return gaussian_rule(fn, kinks) if kinks else smooth_rule(fn)
+    return quadrature_rule(fn, kinks) if kinks else smooth_rule(fn)
 
 
 def Numerical(fn: Callable[[jax.Array], jax.Array], name: str, kinks: Sequence[float] = (),

@@ -1,5 +1,5 @@
-"""Kernel rules of piecewise polynomial-exponential activations, with the inner expectation in
-closed form.
+"""Kernel rules of activations with kinks: one outer Gauss-Legendre rule, the inner expectation in
+closed form for piecewise polynomial-exponential activations, else by quadrature.
 
 An activation is declared by its :class:`Pieces`: between sorted kinks, each piece is
 ``p0 + p1 x + p2 x^2 + a exp(b x)`` (Hardtanh, ReLU6, Softshrink, Hardshrink, Threshold,
@@ -17,27 +17,38 @@ kinks of ``g``) and at ``z1 = (k + tau s) / r`` for a few ``tau`` (``H`` is the 
 smoothed over a width ``s``: sharp near correlations +-1). On each piece the integrand is analytic,
 so the rule converges exponentially. At ``s`` below the rounding of ``sqrt(q2)``, ``H = h``.
 
+Without declared pieces, :func:`quadrature_rule` takes ``H`` by Gauss-Legendre in ``Z`` split at
+the kink ``Z = (k - m) / s`` and at fixed points (``INNER``), and more outer nodes per piece.
+
 Cost per kernel entry: ``P n`` evaluations of ``g`` and ``H`` (one ``erfc`` and one ``exp`` per kink,
-plus an ``erfcx`` per end of an exponential piece), in ``P`` sequential steps over all entries.
+plus an ``erfcx`` per end of an exponential piece), in ``P n`` sequential steps (one per outer
+node) over all entries; :func:`quadrature_rule` evaluates ``h`` and ``h'`` at ``n'`` inner nodes
+per outer node.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InputError
-from .quadrature import Rule, gauss_legendre_piece, safe_inverse, spread
+from .quadrature import Function, Rule, gauss_legendre_piece, safe_inverse, spread, value_and_slope
 
 # dtype -> (truncation L, fixed splits, nodes per piece, splits around a smoothed kink in units of s)
 ACCURACY = {
     jnp.dtype(jnp.float32): (6.0, (-4.0, -2.0, 0.0, 2.0, 4.0), 8, (-5.0, -2.0, 2.0, 5.0)),
     jnp.dtype(jnp.float64): (8.5, (-6.0, -4.0, -2.0, 0.0, 2.0, 4.0, 6.0), 12, (-7.0, -4.0, -2.0, 2.0, 4.0, 7.0)),
+}
+# dtype -> (truncation L, fixed splits, nodes per piece) of the inner expectation by quadrature, and
+# the outer nodes per piece of its rule (its f is not a polynomial or exponential between kinks)
+INNER = {
+    jnp.dtype(jnp.float32): (6.0, (-2.0, 2.0), 12, 12),
+    jnp.dtype(jnp.float64): (8.5, (-4.0, -2.0, 0.0, 2.0, 4.0), 16, 20),
 }
 _CLIP = 40.0  # standardized distances to a kink beyond this count as infinite (Phi is then 0 or 1)
 
@@ -149,6 +160,9 @@ def conditional_means(functions: Sequence[Pieces], m: jax.Array, s: jax.Array) -
     return outs
 
 
+Means = Callable[[jax.Array, jax.Array], list[jax.Array]]
+
+
 def piecewise_rule(f: Pieces) -> Rule:
     """The kernel rule ``rule(c, q1, q2) -> (E[f(u) f(v)], E[f'(u) f'(v)])`` of ``f`` (see module
     doc). Shapes: ``c``, ``q1``, ``q2`` broadcast together; both results have the broadcast shape
@@ -159,30 +173,76 @@ def piecewise_rule(f: Pieces) -> Rule:
         >>> nngp, dot = piecewise_rule(relu6)(jnp.array(0.5), jnp.array(1.0), jnp.array(1.0))
     """
     functions = (f, f.derivative())
+    return outer_rule(f.kinks, functions, lambda m, s: conditional_means(functions, m, s))
+
+
+def quadrature_means(fn: Function, kinks: Sequence[float]) -> Means:
+    """``(m, s) -> [E[f(m + s Z)], E[f'(m + s Z)]]`` by Gauss-Legendre in ``Z`` on ``[-L, L]`` split
+    at ``Z = (k - m) / s`` for each kink ``k`` of ``fn`` (analytic between its kinks) and at
+    ``INNER`` fixed points; ``f'`` is autodiff's (``jax.jvp``)."""
+
+    def means(m, s):
+        half_width, fixed, degree, _ = INNER[jnp.dtype(m.dtype)]
+        t, w = (jnp.asarray(a, m.dtype) for a in np.polynomial.legendre.leggauss(degree))
+        splits = [jnp.broadcast_to(jnp.asarray(z, m.dtype), m.shape) for z in fixed]
+        splits += [jnp.clip((k - m) / s, -half_width, half_width) for k in kinks]
+        edge = jnp.full((1,) + m.shape, half_width, m.dtype)
+        ends = jnp.concatenate([-edge, jnp.sort(jnp.stack(splits), axis=0), edge])
+        z, weight = gauss_legendre_piece(ends[:-1], ends[1:], t, w)   # (pieces, ..., degree)
+        value, slope = value_and_slope(fn, m[..., None] + s[..., None] * z)
+        return [jnp.sum(weight * a, axis=(0, -1)) for a in (value, slope)]
+
+    return means
+
+
+def quadrature_rule(fn: Function, kinks: Sequence[float]) -> Rule:
+    """The kernel rule ``rule(c, q1, q2) -> (E[f(u) f(v)], E[f'(u) f'(v)])`` of ``fn``, elementwise
+    in JAX and analytic between its ``kinks``: as :func:`piecewise_rule`, with the inner expectation
+    by :func:`quadrature_means`.
+
+    Example:
+        >>> rule = quadrature_rule(lambda x: x / (1.0 + jnp.abs(x)), (0.0,))   # Softsign
+        >>> nngp, dot = rule(jnp.array(0.5), jnp.array(1.0), jnp.array(1.0))
+    """
+    kinks = tuple(sorted({float(k) for k in kinks}))
+    functions = (fn, lambda x: value_and_slope(fn, x)[1])
+    degrees = {dtype: table[3] for dtype, table in INNER.items()}
+    return outer_rule(kinks, functions, quadrature_means(fn, kinks), degrees)
+
+
+def outer_rule(kinks: Sequence[float], functions: tuple[Function, Function], means: Means,
+               degrees: dict[jnp.dtype, int] | None = None) -> Rule:
+    """The kernel rule of ``(g, g') = functions`` with kinks ``kinks``, given ``means(m, s)``, the
+    inner expectations ``[E[g(m + s Z)], E[g'(m + s Z)]]``: the outer expectation over ``z1`` by
+    Gauss-Legendre split as the module doc says, with ``degrees[dtype]`` nodes per piece (default:
+    ``ACCURACY``'s)."""
 
     def rule(c, q1, q2):
         c, q1, q2 = jnp.broadcast_arrays(c, q1, q2)
         half_width, fixed, degree, taus = ACCURACY[jnp.dtype(c.dtype)]
+        degree = (degrees or {}).get(jnp.dtype(c.dtype), degree)
         t, w = (jnp.asarray(a, c.dtype) for a in np.polynomial.legendre.leggauss(degree))
         root1, r, s = spread(c, q1, q2)
         smoothed = s > jnp.finfo(c.dtype).eps * jnp.sqrt(q2)   # else H = h
-        s_safe = jnp.where(smoothed, s, 1)[..., None]
-        splits = [jnp.full_like(c, z) for z in fixed] + [k * safe_inverse(root1) for k in f.kinks]
-        splits += [(k + tau * s) * safe_inverse(r) for k in f.kinks for tau in (0.0, *taus)]
+        s_safe = jnp.where(smoothed, s, 1)
+        splits = [jnp.full_like(c, z) for z in fixed] + [k * safe_inverse(root1) for k in kinks]
+        splits += [(k + tau * s) * safe_inverse(r) for k in kinks for tau in (0.0, *taus)]
         ends = jnp.clip(jnp.sort(jnp.stack(splits), axis=0), -half_width, half_width)
         edge = jnp.full((1,) + c.shape, half_width, c.dtype)
         ends = jnp.concatenate([-edge, ends, edge])
 
-        def step(acc, piece):
-            z, weight = gauss_legendre_piece(*piece, t, w)
-            m = r[..., None] * z
-            means = conditional_means(functions, m, s_safe)
-            u = root1[..., None] * z
-            return tuple(a + jnp.sum(weight * g(u) * jnp.where(smoothed[..., None], mean, g(m)), axis=-1)
-                         for a, g, mean in zip(acc, functions, means)), None
+        z1, w1 = (jnp.moveaxis(a, -1, 1).reshape((-1,) + c.shape)
+                  for a in gauss_legendre_piece(ends[:-1], ends[1:], t, w))
+
+        def step(acc, node):
+            z, weight = node
+            m = r * z
+            u = root1 * z
+            return tuple(a + weight * g(u) * jnp.where(smoothed, mean, g(m))
+                         for a, g, mean in zip(acc, functions, means(m, s_safe))), None
 
         zero = jnp.zeros_like(c)
-        (nngp, dot), _ = jax.lax.scan(step, (zero, zero), (ends[:-1], ends[1:]))
+        (nngp, dot), _ = jax.lax.scan(step, (zero, zero), (z1, w1))
         return nngp, dot
 
     return rule
