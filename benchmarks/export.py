@@ -59,7 +59,7 @@ def transformer_ntk(n: int, length: int, rounds: int) -> None:
     for implementation in ("auto", *STRATEGIES):
         ours = lambda: ntbridge.empirical_ntk(model, x1, x2, trace_axes=(),
                                               implementation=implementation)
-        error = float(np.abs(ours().numpy() - expected).max() / np.abs(expected).max())
+        error = float(np.abs(ours().detach().numpy() - expected).max() / np.abs(expected).max())
         a, b = (statistics.median(t) for t in interleaved_times(ours, reference, rounds))
         medians[implementation] = a
         name = f"auto ({chosen.implementation})" if implementation == "auto" else implementation

@@ -99,6 +99,12 @@ def cached(key: ProgramKey, build: Callable[[], T]) -> T:
         return _ENTRIES[key]
 
 
+def get(key: ProgramKey) -> Any | None:
+    """The entry under ``key`` if there is one (nothing is built)."""
+    with _LOCK:
+        return _ENTRIES.get(key)
+
+
 def clear() -> None:
     """Forget every in-memory entry (the disk cache stays)."""
     with _LOCK:

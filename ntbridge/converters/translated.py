@@ -83,15 +83,15 @@ def empirical_graph(model: nn.Module, x1: torch.Tensor, conversion: dict,
     from . import convert
 
     weights = model if weights is None else weights
-    if x1.is_floating_point():
+    key = cache_key(model, x1)
+    entry = programs.ProgramKey.of("translation", key, ())
+    if x1.is_floating_point() and programs.get(entry) is None:  # translated before: no converter
         try:
             return convert(weights, **conversion)
         except (UnsupportedLayerError, ConversionError):
             pass  # no converter, or not traceable by torch.fx: the translation serves
     check_eval_mode(model)
-    key = cache_key(model, x1)
-    translated, steps = programs.cached(programs.ProgramKey.of("translation", key, ()),
-                                        lambda: _translation(model, x1))
+    translated, steps = programs.cached(entry, lambda: _translation(model, x1))
     tensors = {**dict(weights.named_parameters()), **dict(weights.named_buffers())}
     return TranslatedGraph(translated.with_weights(weights), steps, ("torch.export", key), x1.dtype,
                            tensors)

@@ -10,10 +10,11 @@ no JAX work besides its programs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import threading
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,11 @@ def tile_fn(task: Task, tiling: Tiling) -> Callable:
 
 def shardings(devices: list) -> tuple[NamedSharding, NamedSharding]:
     """``(stacks, replicated)``: one slice of a leading axis per device, and a whole copy on each."""
+    return _shardings(tuple(devices))
+
+
+@functools.cache  # a mesh costs milliseconds to build: once per set of devices
+def _shardings(devices: tuple) -> tuple[NamedSharding, NamedSharding]:
     mesh = Mesh(np.array(devices), ("tiles",))
     return NamedSharding(mesh, PartitionSpec("tiles")), NamedSharding(mesh, PartitionSpec())
 
@@ -96,23 +102,32 @@ def abstract_arguments(task: Task, tiling: Tiling, devices: list, x1: torch.Tens
     return args, tiles(tiling.b1), tiles(tiling.b2)
 
 
-def compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor):
+class Program(NamedTuple):
+    """A compiled tile program and the memory one call of it needs (XLA's analysis: arguments,
+    outputs and temporaries, all devices together)."""
+
+    executable: Any
+    tile_bytes: int
+
+
+def _analysed(executable) -> Program:
+    m = executable.memory_analysis()
+    return Program(executable, 0 if m is None else (m.argument_size_in_bytes
+                                                    + m.output_size_in_bytes + m.temp_size_in_bytes))
+
+
+def compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor) -> Program:
     """The compiled program of ``task`` for ``tiling``'s tiles of inputs like ``x1`` (cached)."""
     devices = tiling.devices(opts)
     arguments = abstract_arguments(task, tiling, devices, x1)
     key = programs.ProgramKey.of("tiles", (task.computation, tiling.symmetric, tiling.whole),
                                  arguments, devices)
-    return programs.cached(key, lambda: programs.compile(
-        _program(task, devices, tiling).lower(*arguments), devices))
+    return programs.cached(key, lambda: _analysed(programs.compile(
+        _program(task, devices, tiling).lower(*arguments), devices)))
 
 
-def _tile_bytes(program) -> int:
-    m = program.memory_analysis()
-    return 0 if m is None else (m.argument_size_in_bytes + m.output_size_in_bytes
-                                + m.temp_size_in_bytes)
-
-
-def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool, opts: Batching) -> tuple[Tiling, Any]:
+def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
+         opts: Batching) -> tuple[Tiling, Program]:
     """The tiling (and its compiled program) whose tiles fit in memory, checked before anything
     is allocated, from XLA's memory analysis of the program that will run."""
     n1 = x1.shape[0]
@@ -122,7 +137,7 @@ def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool, opts: Batching)
         program = compiled(task, tiling, opts, x1)
         if n == 0:  # the result's size, from the output shapes of the first program
             per_pair = sum(math.prod(o.shape[3:]) * o.dtype.itemsize
-                           for o in jax.tree.leaves(program.out_info[0]))
+                           for o in jax.tree.leaves(program.executable.out_info[0]))
             result = n1 * n2 * per_pair
             if opts.out is None and result > free:
                 raise MemoryBudgetError(
@@ -130,11 +145,11 @@ def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool, opts: Batching)
                     f"memory ({free / 2**30:.2f} GiB usable); pass out='kernel.npy' to write it to "
                     f"disk tile by tile.")
             budget = free - (0 if opts.out is not None else result)
-        if _tile_bytes(program) <= budget:
+        if program.tile_bytes <= budget:
             return tiling, program
     count = len(tiling.devices(opts))
     raise MemoryBudgetError(
-        f"one tile of {b} x {b} examples needs {_tile_bytes(program) / count / 2**30:.2f} GiB per "
+        f"one tile of {b} x {b} examples needs {program.tile_bytes / count / 2**30:.2f} GiB per "
         f"device, more than the {budget / count / 2**30:.2f} GiB free; use fewer or smaller inputs, "
         f"a cheaper kernel (e.g. a Flatten head instead of global pooling), or a larger device.")
 
@@ -192,7 +207,7 @@ def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batchin
     symmetric, xb = x2 is None, x1 if x2 is None else x2
     n1, n2 = x1.shape[0], xb.shape[0]
     tiling, program = plan(task, x1, n2, symmetric, opts)
-    leaves, treedef = jax.tree.flatten(program.out_info[0])
+    leaves, treedef = jax.tree.flatten(program.executable.out_info[0])
     shapes = [(n1, n2, *leaf.shape[3:]) for leaf in leaves]
     dtypes = [getattr(torch, str(leaf.dtype)) for leaf in leaves]
     if opts.out is not None:
@@ -216,7 +231,8 @@ def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batchin
     computed = {}
     for start in range(0, len(mine), len(devices)):
         group = mine[start:start + len(devices)]
-        out, finite = program(args, *tile_inputs(x1, xb, tiling, group, sharding, devices))
+        out, finite = program.executable(args, *tile_inputs(x1, xb, tiling, group, sharding,
+                                                             devices))
         blocks = [per_device(leaf) for leaf in jax.tree.leaves(out)]
         finite = np.asarray(finite)
         for k, (i, j) in enumerate(group):
