@@ -15,6 +15,7 @@ from torch import nn
 
 from .. import stax
 from ..stax.piecewise import Piece, Pieces
+from ..stax.quadrature import Corrected
 from ..errors import UnsupportedLayerError
 from .registry import Context, register
 
@@ -46,7 +47,8 @@ def _gelu(module: nn.GELU, ctx: Context) -> stax.Layer:
 def _softplus(x, beta: float = 1.0, threshold: float = 20.0):
     """torch's softplus: ``log(1 + exp(beta x)) / beta``, and ``x`` itself where ``beta x > threshold``."""
     bx = beta * x
-    return jnp.where(bx > threshold, x, jnp.logaddexp(bx, 0.0) / beta)
+    smooth = (jnp.maximum(bx, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(bx)))) / beta   # half logaddexp's cost
+    return jnp.where(bx > threshold, x, smooth)
 
 
 def _elu(x, alpha: float):
@@ -61,13 +63,18 @@ def _threshold(x, threshold: float, value: float):
     return jnp.where(x > threshold, x, value)
 
 
-def _softplus_kinks(beta: float, threshold: float) -> tuple[float, ...]:
+def _softplus_twin(beta: float, threshold: float) -> Twin:
     """torch's Softplus returns ``x`` itself above ``threshold / beta``: a jump of
     ``log1p(exp(-threshold)) / beta`` in the function and of ``sigmoid(-threshold)`` in its slope,
     both below ``exp(-threshold)`` relative to the function's scale (``log 2 / beta``, ``1 / 2``).
     Below 1e-8 (threshold > 18.4, as torch's default 20: 2e-9) the jump is below the kernels'
-    accuracy and the function counts as smooth; otherwise it is a kink."""
-    return () if math.exp(-threshold) < 1e-8 else (threshold / beta,)
+    accuracy and the function counts as smooth; otherwise it is the smooth softplus plus a
+    correction above the threshold (``Corrected``)."""
+    fn = lambda x: _softplus(x, beta, threshold)
+    if math.exp(-threshold) < 1e-8:
+        return Twin(fn)
+    smooth = lambda x: _softplus(x, beta, math.inf)
+    return Twin(fn, corrected=Corrected(smooth, lambda x: -smooth(-x), threshold / beta))  # x - smooth(x)
 
 
 _X = Piece((0.0, 1.0))
@@ -81,11 +88,13 @@ def _exponential_below_zero(scale: float, alpha: float, rate: float) -> Pieces:
 
 class Twin(NamedTuple):
     """A torch activation's exact elementwise function in JAX (``fn``) and what its kernel rule
-    needs: its ``pieces`` (closed-form inner expectation, ``stax.piecewise``) or else its
-    ``kinks`` (kink-aware quadrature; none: the smooth rule), see ``stax.Numerical``."""
+    needs: its ``pieces`` (closed-form inner expectation, ``stax.piecewise``), or its smooth part
+    and a correction above a threshold (``corrected``, ``stax.quadrature``), or else its ``kinks``
+    (kink-aware quadrature; none: the smooth rule), see ``stax.Numerical``."""
     fn: Callable[[jax.Array], jax.Array]
     kinks: tuple[float, ...] = ()
     pieces: Pieces | None = None
+    corrected: Corrected | None = None
 
 
 # torch module type -> (module -> its Twin)
@@ -97,8 +106,8 @@ TWINS = {
     nn.CELU: lambda m: Twin(lambda x: jnp.where(x > 0, x, m.alpha * jnp.expm1(jnp.minimum(x, 0.0) / m.alpha)),
                             pieces=_exponential_below_zero(1.0, m.alpha, 1 / m.alpha)),
     nn.SELU: lambda m: Twin(jax.nn.selu, pieces=_exponential_below_zero(_SELU_SCALE, _SELU_ALPHA, 1.0)),
-    nn.Softplus: lambda m: Twin(lambda x: _softplus(x, m.beta, m.threshold), _softplus_kinks(m.beta, m.threshold)),
-    nn.Mish: lambda m: Twin(lambda x: x * jnp.tanh(_softplus(x)), _softplus_kinks(1.0, 20.0)),
+    nn.Softplus: lambda m: _softplus_twin(m.beta, m.threshold),
+    nn.Mish: lambda m: Twin(lambda x: x * jnp.tanh(_softplus(x))),  # torch's threshold 20: smooth (see _softplus_twin)
     nn.Hardtanh: lambda m: Twin(lambda x: jnp.clip(x, m.min_val, m.max_val), pieces=Pieces(
         (m.min_val, m.max_val), (Piece((m.min_val,)), _X, Piece((m.max_val,))))),
     nn.Hardswish: lambda m: Twin(lambda x: x * _relu6(x + 3.0) / 6.0, pieces=Pieces(
@@ -125,8 +134,8 @@ def twin(module: nn.Module) -> Twin:
 
 
 def _numerical(module: nn.Module, ctx: Context) -> stax.Layer:
-    fn, kinks, pieces = twin(module)
-    return stax.Numerical(fn, type(module).__name__, kinks, pieces)
+    fn, kinks, pieces, corrected = twin(module)
+    return stax.Numerical(fn, type(module).__name__, kinks, pieces, corrected)
 
 
 for _type in TWINS:

@@ -22,7 +22,7 @@ from ..errors import InputError, UnsupportedLayerError
 from .kernel import Kernel, safe_reciprocal, safe_sqrt, variances
 from .layers import Layer
 from .piecewise import Pieces, piecewise_rule, quadrature_rule
-from .quadrature import Rule, smooth_rule
+from .quadrature import Corrected, Rule, corrected_rule, smooth_rule
 
 
 def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str) -> Layer:
@@ -49,22 +49,27 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str) -> 
 
 
 def numerical_rule(fn: Callable[[jax.Array], jax.Array], kinks: Sequence[float] = (),
-                   pieces: Pieces | None = None) -> Rule:
+                   pieces: Pieces | None = None, corrected: Corrected | None = None) -> Rule:
     """The kernel rule of ``fn`` (see :func:`Numerical`): by its ``pieces`` where given (closed-form
-    inner expectation, ``piecewise.py``), else by quadrature split at its ``kinks``, else by the
+    inner expectation, ``piecewise.py``), else as the smooth part plus a correction above a
+    threshold where ``corrected`` is given, else by quadrature split at its ``kinks``, else by the
     smooth rule (``quadrature.py``)."""
     if pieces is not None:
         return piecewise_rule(pieces)
+    if corrected is not None:
+        return corrected_rule(corrected)
     return quadrature_rule(fn, kinks) if kinks else smooth_rule(fn)
 
 
 def Numerical(fn: Callable[[jax.Array], jax.Array], name: str, kinks: Sequence[float] = (),
-              pieces: Pieces | None = None) -> Layer:
+              pieces: Pieces | None = None, corrected: Corrected | None = None) -> Layer:
     """Any elementwise ``fn`` (a JAX function), its kernel computed numerically. Declare where it
     is not analytic: its ``kinks`` (the inputs where it or its derivative is not smooth, or jumps),
     or better its ``pieces`` (:class:`~ntbridge.stax.piecewise.Pieces`: polynomials of degree <= 2
-    and exponentials between kinks, whose Gaussian expectations are in closed form); with neither,
-    ``fn`` must be analytic near the real axis (tanh, sigmoid, ...). The forward pass is ``fn``.
+    and exponentials between kinks, whose Gaussian expectations are in closed form), or, for a
+    smooth function with a small jump to another above a threshold, ``corrected``
+    (:class:`~ntbridge.stax.quadrature.Corrected`); with none, ``fn`` must be analytic near the
+    real axis (tanh, sigmoid, ...). The forward pass is ``fn``.
 
     The NTK's factor ``f'`` is autodiff's derivative of ``fn``, as the empirical NTK sees it: where
     ``fn`` jumps (Hardshrink, Threshold, torch's Softplus at its threshold) it has no delta term, so
@@ -76,7 +81,7 @@ def Numerical(fn: Callable[[jax.Array], jax.Array], name: str, kinks: Sequence[f
         >>> relu6 = Pieces((0.0, 6.0), (Piece(), Piece((0.0, 1.0)), Piece((6.0,))))
         >>> layer = Numerical(lambda x: jnp.clip(x, 0.0, 6.0), "ReLU6", pieces=relu6)
     """
-    return elementwise(fn, numerical_rule(fn, kinks, pieces), name)
+    return elementwise(fn, numerical_rule(fn, kinks, pieces, corrected), name)
 
 
 def _fit(fn: Callable[[np.ndarray], np.ndarray]) -> tuple[float, ...]:
