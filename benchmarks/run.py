@@ -27,6 +27,7 @@ from ntbridge.dlpack import shares_memory, to_jax, to_torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import first_call  # noqa: E402  (this folder's first-call rows)
+from first_call import row  # noqa: E402
 
 
 def finish(result) -> None:
@@ -59,10 +60,6 @@ def interleaved_times(a, b, rounds: int) -> tuple[list[float], list[float]]:
             finish(fn())
             times.append(time.perf_counter() - t0)
     return samples
-
-
-def row(name: str, ratio: float, detail: str) -> None:
-    print(f"{name:<52} {ratio:>8.2f}x   {detail}")
 
 
 def fc_vs_gram(n: int) -> None:

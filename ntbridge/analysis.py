@@ -44,6 +44,7 @@ from torch import nn
 
 from .api import empirical_ntk
 from .converters import Graph
+from .empirical.reinit import sample_seed
 from .errors import InputError, InputTypeError
 from .pipeline import Request, run
 from .stax import input_kernel
@@ -352,8 +353,9 @@ def width_sweep(build: Callable[[int], nn.Module], widths: Sequence[int], x1: to
       parameterization: ``"standard"`` (torch's own; the analytic NTK uses the actual widths) or
         ``"ntk"`` (each module's empirical contribution rescaled to the NTK parameterization, whose
         limit is width-independent).
-      seed: the model of width ``w`` and seed ``s`` is built after seeding torch from
-        ``numpy.random.SeedSequence([seed, w, s])``: independent draws across widths and seeds
+      seed: the model of width ``w`` and seed ``s`` is built after seeding torch with
+        ``ntbridge.empirical.reinit.sample_seed(seed, w, s)`` (``numpy.random.SeedSequence([seed,
+        w, s])``): independent draws across widths and seeds
         (the global RNG state is restored afterwards).
       implementation: of the empirical NTK (see ``ntbridge.empirical_ntk``).
       progress: a progress bar on stderr.
@@ -378,7 +380,7 @@ def width_sweep(build: Callable[[int], nn.Module], widths: Sequence[int], x1: to
     for i, width in enumerate(widths):
         for s in range(n_seeds):
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(np.random.SeedSequence([seed, width, s]).generate_state(1)[0]))
+                torch.manual_seed(sample_seed(seed, width, s))
                 model = build(width)
             if not isinstance(model, nn.Module):
                 raise InputTypeError(f"build({width}) must return a torch.nn.Module, got "

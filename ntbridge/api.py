@@ -24,11 +24,12 @@ import torch
 
 from .converters import Kernels
 from .converters.registry import StdOption
+from .devices import platform_of
 from .dlpack import abstract, describe
 from .empirical import IMPLEMENTATIONS, Moments, int_tuple, nngp_task, ntk_task, sample_task
 from .empirical.reinit import check_resettable, reinitialise
 from .errors import InputError, InputTypeError
-from .pipeline import Request, platform, route, run
+from .pipeline import Request, route, run
 from .tiling import Batching
 
 
@@ -122,7 +123,7 @@ def _ntk(implementation: str, by_layer: bool, interact: bool, axes: dict):
     """The task builder of the empirical NTK (see :class:`~ntbridge.pipeline.Request`)."""
     return lambda graph, x1, x2: ntk_task(
         graph, abstract(x1), None if x2 is None else abstract(x2), implementation=implementation,
-        by_layer=by_layer, interact=interact, platform=platform(x1), **axes)
+        by_layer=by_layer, interact=interact, platform=platform_of(x1), **axes)
 
 
 def _nngp(interact: bool, axes: dict):

@@ -28,9 +28,13 @@ import pickle
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+
+if TYPE_CHECKING:  # annotations only: the subcommands that compute import torch themselves
+    import torch
+    from torch import nn
 
 from .errors import NtbridgeError
 from .options import IMPLEMENTATIONS

@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 
 import jax
+import torch
 
 
-def platform_of(x: jax.Array | jax.ShapeDtypeStruct) -> str:
-    """The platform ("cpu", "gpu", ...) of the devices holding ``x``; JAX's default platform for
-    an abstract value without a sharding."""
+def platform_of(x: jax.Array | jax.ShapeDtypeStruct | torch.Tensor) -> str:
+    """The platform ("cpu", "gpu", ...) of the devices holding ``x``, a JAX array or a torch
+    tensor; JAX's default platform for an abstract value without a sharding."""
+    if isinstance(x, torch.Tensor):
+        return "gpu" if x.device.type == "cuda" else "cpu"
     sharding = getattr(x, "sharding", None)
     return jax.default_backend() if sharding is None else next(iter(sharding.device_set)).platform
 

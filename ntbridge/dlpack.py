@@ -116,6 +116,12 @@ def shares_memory(t: torch.Tensor, a: jax.Array) -> bool:
     return t.data_ptr() == a.unsafe_buffer_pointer()
 
 
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the model's floating parameters and buffers (float32 if it has none)."""
+    floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+    return floats[0].dtype if floats else torch.float32
+
+
 def abstract(t: torch.Tensor) -> jax.ShapeDtypeStruct:
     """The shape and dtype of ``t`` as JAX sees them (in the current precision), without data.
 

@@ -29,9 +29,9 @@ from torch import nn
 
 from . import gradients
 from .converters import Graph, convert
-from .converters.export import model_dtype
 from .converters.translated import TranslatedGraph, empirical_graph
-from .dlpack import check_device, kernel_dtype, precision
+from .devices import platform_of
+from .dlpack import check_device, kernel_dtype, model_dtype, precision
 from .errors import InputError, InputTypeError, ShapeError
 from .tiling import Batching, Task
 
@@ -126,11 +126,6 @@ def check_fits(graph: Graph, x1: torch.Tensor, x2: torch.Tensor | None) -> None:
             raise ShapeError(f"{name} of shape {tuple(x.shape)} does not fit the model: {e}") from None
 
 
-def platform(x: torch.Tensor) -> str:
-    """The JAX platform of a torch tensor's device."""
-    return "gpu" if x.device.type == "cuda" else "cpu"
-
-
 def _precision(request: Request, x1: torch.Tensor):
     """The precision of the request's JAX work: x1's, or the model's for integer inputs."""
     return precision(x1.dtype if x1.is_floating_point() else model_dtype(request.model))
@@ -148,7 +143,7 @@ def run(request: Request) -> tuple[Any, Any, Graph | TranslatedGraph]:
     """``(result, info, graph)``: the request's kernel as a pytree of torch tensors, what its task
     reports (e.g. the empirical strategy chosen), and the converted model."""
     x1, x2 = validate(request.x1, request.x2, indices=request.empirical)
-    batching = dataclasses.replace(request.batching, platform=platform(x1))
+    batching = dataclasses.replace(request.batching, platform=platform_of(x1))
     with _precision(request, x1):
         graph = model_graph(request, x1)
         check_fits(graph, x1, x2)

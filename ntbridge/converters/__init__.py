@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
-import torch
 from torch import nn
 
-from ..dlpack import precision, to_jax
+from ..dlpack import model_dtype, precision, to_jax
 from ..errors import InputError, InputTypeError
 from . import activations, conv, linear, normalization, pooling, structure  # noqa: F401  (they register their converters)
 from .fx import fx_nodes
@@ -88,8 +87,7 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
         nodes = [make_node(i, name, module, (i - 1,), options)
                  for i, (name, module) in enumerate(leaves)]
     options.check_names([n.name for n in nodes if n.hyper])
-    floats = [t for t in model.parameters()] or [torch.empty(0)]
-    with precision(floats[0].dtype):
+    with precision(model_dtype(model)):
         params = {key: to_jax(t, key) for key, t in module_tensors(nodes).items()}
     signature = (parameterization, tuple(
         (n.name, _signature_part(n.module), tuple(sorted(n.hyper.items())), n.inputs) for n in nodes))

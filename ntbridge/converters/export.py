@@ -34,7 +34,7 @@ from torch import fx, nn
 from torch.export import Dim, ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from ..dlpack import precision, to_jax
+from ..dlpack import model_dtype, precision, to_jax
 from ..errors import ConversionError, InputError, InputTypeError, UnsupportedLayerError
 from .aten import OPS, jax_dtype
 
@@ -143,12 +143,6 @@ def export(model: nn.Module, example: torch.Tensor) -> ExportedProgram:
 
 
 # ------------------------------------------------------------ weights
-
-def model_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype of the model's floating parameters and buffers (float32 if it has none)."""
-    floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
-    return floats[0].dtype if floats else torch.float32
-
 
 def _arrays(program: ExportedProgram, model: nn.Module) -> dict[str, Variables]:
     """``{"params": ..., "state": ...}``: the tensors the graph reads, as JAX arrays (zero-copy views

@@ -52,6 +52,11 @@ class Axes:
     trace: tuple[int, ...]
     diagonal: tuple[int, ...]
 
+    @classmethod
+    def of(cls, out_ndim: int, trace_axes: Sequence[int], diagonal_axes: Sequence[int]) -> "Axes":
+        """The axes of an output of rank ``out_ndim``, normalized and checked (normalize_axes)."""
+        return cls(out_ndim, *normalize_axes(trace_axes, diagonal_axes, out_ndim))
+
     def subscripts(self, letters: Iterator[str]) -> tuple[str, str, str]:
         """Einsum subscripts of ``f(x1)``'s axes, ``f(x2)``'s axes and of the kernel."""
         sa, sb, kept1, kept2 = [next(letters)], [next(letters)], "", ""

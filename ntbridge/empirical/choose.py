@@ -14,7 +14,7 @@ from ..devices import platform_of
 from ..errors import InputError
 from ..options import IMPLEMENTATIONS, STRATEGIES
 from ..stax.kernel import symmetrize
-from .axes import Axes, normalize_axes
+from .axes import Axes
 from .jacobian import jacobian_strategy
 from .ntvp import ntvp_strategy
 from .structured import structured_plan, structured_strategy
@@ -190,7 +190,7 @@ class _Dispatch:
         made once per shape signature (:mod:`ntbridge.programs`)."""
         if out_ndim is None:
             out_ndim = len(jax.eval_shape(WithState(self.model, state).apply_fn, params, x1).shape)
-        axes = Axes(out_ndim, *normalize_axes(trace_axes, diagonal_axes, out_ndim))
+        axes = Axes.of(out_ndim, trace_axes, diagonal_axes)
         platform = platform or platform_of(x1)
         computation = (_identity(self.model), self.implementation, self.interact, axes,
                        bool(by_layer), platform)

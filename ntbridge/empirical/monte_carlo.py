@@ -17,7 +17,7 @@ import torch
 
 from ..converters.graph import Graph
 from ..tiling import Task
-from .axes import Axes, normalize_axes
+from .axes import Axes
 from .choose import empirical_ntk_fn
 from .nngp import empirical_nngp_fn
 
@@ -49,11 +49,10 @@ def sample_task(graph: Graph, x1: jax.ShapeDtypeStruct, get: str, seed: int, sta
     """The moments ``(mean, m2)`` of the samples ``start <= s < start + count``, as a task for
     :func:`ntbridge.tiling.compute` (the first sample is its argument: other ranges of the same length
     reuse the program)."""
-    out_ndim = len(graph.output_shape(x1.shape))
-    trace_axes, diagonal_axes = normalize_axes(trace_axes, diagonal_axes, out_ndim)
+    axes = Axes.of(len(graph.output_shape(x1.shape)), trace_axes, diagonal_axes)
     empirical = (empirical_ntk_fn if get == "ntk" else empirical_nngp_fn)(graph.apply_fn)
-    kernel = lambda params, x1, x2: empirical(params, x1, x2, trace_axes=trace_axes,
-                                              diagonal_axes=diagonal_axes)
+    kernel = lambda params, x1, x2: empirical(params, x1, x2, trace_axes=axes.trace,
+                                              diagonal_axes=axes.diagonal)
 
     def fn(first, x1, x2):
         def step(carry, s):
@@ -69,6 +68,5 @@ def sample_task(graph: Graph, x1: jax.ShapeDtypeStruct, get: str, seed: int, sta
         (_, mean, m2), _ = jax.lax.scan(step, (0, zeros, zeros), first + jnp.arange(count))
         return mean, m2
 
-    axes = Axes(out_ndim, trace_axes, diagonal_axes)
     return Task(("monte_carlo", graph.signature, get, seed, count, axes), fn, axes.swap_perm,
                 np.int32(start)), None

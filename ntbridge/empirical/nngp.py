@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import programs
-from .axes import Axes, contract, normalize_axes
+from .axes import Axes, contract
 from .choose import _symmetric
 
 
@@ -37,7 +37,7 @@ def empirical_nngp_fn(apply_fn: Callable[[Any, jax.Array], jax.Array], *,
 
     def fn(params, x1, x2=None, *, trace_axes=(-1,), diagonal_axes=()):
         out_ndim = len(jax.eval_shape(apply_fn, params, x1[:1]).shape)
-        axes = Axes(out_ndim, *normalize_axes(trace_axes, diagonal_axes, out_ndim))
+        axes = Axes.of(out_ndim, trace_axes, diagonal_axes)
         key = programs.ProgramKey.of("empirical_nngp_fn", (apply_fn, examples_interact, axes),
                                      (params, x1, x2))
         run = programs.cached(key, lambda: jax.jit(nngp, static_argnums=3))

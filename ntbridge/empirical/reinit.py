@@ -23,9 +23,10 @@ from torch import nn
 from ..errors import UnsupportedLayerError
 
 
-def sample_seed(seed: int, sample: int) -> int:
-    """The torch seed of sample ``sample`` (see the module doc)."""
-    return int(np.random.SeedSequence([seed, sample]).generate_state(1)[0])
+def sample_seed(seed: int, *sample: int) -> int:
+    """The torch seed of sample ``sample`` of ``seed`` (see the module doc); ``sample`` may have
+    several parts (e.g. a width and a seed index), each draw independent of the others."""
+    return int(np.random.SeedSequence([seed, *sample]).generate_state(1)[0])
 
 
 def _reset_fn(module: nn.Module) -> Callable[[], None] | None:

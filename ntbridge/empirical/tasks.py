@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from ..errors import InputError, InputTypeError
 from ..tiling import Task
-from .axes import Axes, normalize_axes
+from .axes import Axes
 from .choose import _Dispatch, StrategyInfo
 from .nngp import outputs_product
 
@@ -40,8 +40,7 @@ def ntk_task(graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None, *
 def nngp_task(graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None, *, trace_axes,
               diagonal_axes, interact: bool) -> tuple[Task, None]:
     """The outputs' products of ``graph`` at its parameters, as a task."""
-    out_ndim = len(graph.output_shape(x1.shape))
-    axes = Axes(out_ndim, *normalize_axes(trace_axes, diagonal_axes, out_ndim))
+    axes = Axes.of(len(graph.output_shape(x1.shape)), trace_axes, diagonal_axes)
     nngp = outputs_product(graph.apply_fn, interact)
     return Task(("empirical_nngp", graph.signature, axes, interact),
                 lambda params, a1, a2: nngp(params, a1, a2, axes), axes.swap_perm,

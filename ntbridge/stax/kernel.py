@@ -194,14 +194,14 @@ def safe_sqrt(x: jax.Array) -> jax.Array:
 
 
 def safe_reciprocal(x: jax.Array) -> jax.Array:
-    """``1 / x`` where ``x > 0``, else 0, with finite derivatives everywhere.
+    """``1 / x`` where ``x`` is nonzero, else 0 (a zero scale), with finite derivatives everywhere.
 
     Example:
         >>> safe_reciprocal(jnp.array([2.0, 0.0]))
         Array([0.5, 0. ], dtype=float32)
     """
-    positive = x > 0
-    return jnp.where(positive, 1 / jnp.where(positive, x, 1), 0)
+    nonzero = x != 0
+    return jnp.where(nonzero, 1 / jnp.where(nonzero, x, 1), 0)
 
 
 def symmetrize(a, perm: tuple[int, ...]):

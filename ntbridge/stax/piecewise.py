@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InputError
-from .quadrature import Function, Rule, gauss_legendre_piece, safe_inverse, spread, value_and_slope
+from .kernel import safe_reciprocal
+from .quadrature import Function, Rule, gauss_legendre_piece, spread, value_and_slope
 
 # dtype -> (truncation L, fixed splits, nodes per piece, splits around a smoothed kink in units of s)
 ACCURACY = {
@@ -225,8 +226,8 @@ def outer_rule(kinks: Sequence[float], functions: tuple[Function, Function], mea
         root1, r, s = spread(c, q1, q2)
         smoothed = s > jnp.finfo(c.dtype).eps * jnp.sqrt(q2)   # else H = h
         s_safe = jnp.where(smoothed, s, 1)
-        splits = [jnp.full_like(c, z) for z in fixed] + [k * safe_inverse(root1) for k in kinks]
-        splits += [(k + tau * s) * safe_inverse(r) for k in kinks for tau in (0.0, *taus)]
+        splits = [jnp.full_like(c, z) for z in fixed] + [k * safe_reciprocal(root1) for k in kinks]
+        splits += [(k + tau * s) * safe_reciprocal(r) for k in kinks for tau in (0.0, *taus)]
         ends = jnp.clip(jnp.sort(jnp.stack(splits), axis=0), -half_width, half_width)
         edge = jnp.full((1,) + c.shape, half_width, c.dtype)
         ends = jnp.concatenate([-edge, ends, edge])

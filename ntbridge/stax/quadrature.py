@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .kernel import safe_sqrt
+from .kernel import safe_reciprocal, safe_sqrt
 
 Rule = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 Function = Callable[[jax.Array], jax.Array]
@@ -55,12 +55,6 @@ def gauss_legendre_piece(lo: jax.Array, hi: jax.Array, t: jax.Array,
     return z, half * w * _density(z)
 
 
-def safe_inverse(x: jax.Array) -> jax.Array:
-    """``1 / x``, and 0 where ``x`` is 0 (a zero scale: every split of that variable is at 0)."""
-    nonzero = x != 0
-    return jnp.where(nonzero, 1 / jnp.where(nonzero, x, 1), 0)
-
-
 def value_and_slope(fn: Function, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jax.jvp(fn, (x,), (jnp.ones_like(x),))
 
@@ -68,7 +62,7 @@ def value_and_slope(fn: Function, x: jax.Array) -> tuple[jax.Array, jax.Array]:
 def spread(c: jax.Array, q1: jax.Array, q2: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(sqrt(q1), r, s)`` of the module doc, finite (0) where a variance is 0."""
     root1 = safe_sqrt(q1)
-    r = c * safe_inverse(root1)
+    r = c * safe_reciprocal(root1)
     return root1, r, safe_sqrt(q2 - r * r)
 
 
@@ -142,7 +136,7 @@ def _above_threshold(g: Function, h: Function, threshold: float, both: bool,
     smoothed = s > jnp.finfo(c.dtype).eps * jnp.sqrt(q2)   # else v = r z1
     s_safe = jnp.where(smoothed, s, 1)
     beyond = half_width if threshold >= 0 else -half_width   # where u = 0: no u above the threshold
-    lo = jnp.clip(jnp.where(root1 > 0, threshold * safe_inverse(root1), beyond), -half_width, half_width)
+    lo = jnp.clip(jnp.where(root1 > 0, threshold * safe_reciprocal(root1), beyond), -half_width, half_width)
     z1, w1 = gauss_legendre_piece(lo, jnp.full_like(lo, half_width), *_legendre(outer, c.dtype))
     t, w = _legendre(inner, c.dtype)
     z = np.linspace(-half_width, half_width, inner)
