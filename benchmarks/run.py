@@ -113,17 +113,22 @@ def device_scaling(n: int) -> None:
             times[d] / times[1], f"{times[d] * 1e3:.1f} ms vs {times[1] * 1e3:.1f} ms")
 
 
-def torch_func_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor, how: str) -> torch.Tensor:
-    """The full empirical NTK (N1, N2, O, O) the torch.func way: Jacobian contraction or
-    NTK-vector products (vmap over the output basis of a VJP, then a JVP)."""
+def torch_func_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, how: str,
+                   trace: bool = False) -> torch.Tensor:
+    """The empirical NTK the torch.func way: Jacobian contraction or NTK-vector products (vmap over
+    the output basis of a VJP, then a JVP). The full kernel (N1, N2, O, O), or with ``trace`` the
+    output-averaged (N1, N2) (contraction 'nof,mof->nm' / O). x2 None: x1's Jacobians serve both."""
     from torch.func import functional_call, jacrev, jvp, vjp, vmap
     params = {k: v.detach() for k, v in model.named_parameters()}
     single = lambda p, x: functional_call(model, p, (x[None],))[0]
     if how == "jacobian":
         j1 = vmap(jacrev(single), (None, 0))(params, x1)
-        j2 = vmap(jacrev(single), (None, 0))(params, x2)
-        return sum(torch.einsum("nof,mpf->nmop", a.flatten(2), j2[k].flatten(2))
-                   for k, a in j1.items())
+        j2 = j1 if x2 is None else vmap(jacrev(single), (None, 0))(params, x2)
+        outputs = next(iter(j1.values())).shape[1]
+        spec, scale = ("nof,mof->nm", outputs) if trace else ("nof,mpf->nmop", 1)
+        return sum(torch.einsum(spec, a.flatten(2), j2[k].flatten(2))
+                   for k, a in j1.items()) / scale
+    x2 = x1 if x2 is None else x2
     f1 = lambda p: functional_call(model, p, (x1,))
 
     def per_x2(x):
@@ -131,16 +136,22 @@ def torch_func_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor, how: st
         column = lambda ct: jvp(f1, (params,), pull(ct))[1]  # (N1, O)
         return vmap(column)(torch.eye(model(x1[:1]).shape[-1], dtype=x1.dtype, device=x1.device))
 
-    return vmap(per_x2)(x2).permute(2, 0, 3, 1)
+    full = vmap(per_x2)(x2).permute(2, 0, 3, 1)
+    return full.diagonal(dim1=2, dim2=3).mean(-1) if trace else full
 
 
-def peak_memory(model: nn.Module, x1, x2, trace_axes, impl: str) -> int | None:
-    """Bytes of a strategy's compiled program (arguments, outputs, temporaries), from XLA; None
-    when compiling itself runs out of memory (a GPU compiler tunes its products on the device)."""
+def peak_memory(model: nn.Module, x1, x2, trace_axes, impl: str,
+                batch_size: int | None = None) -> int | None:
+    """Bytes of a strategy's compiled program (arguments, outputs, temporaries), from XLA; with
+    ``batch_size``, of the program of one off-diagonal tile. None when compiling itself runs out of
+    memory (a GPU compiler tunes its products on the device)."""
     from ntbridge.empirical import empirical_ntk_fn
+    if batch_size:
+        x1, x2 = x1[:batch_size], (x1 if x2 is None else x2)[:batch_size]
     graph = ntbridge.convert(model)
     a1, a2 = to_jax(x1), None if x2 is None else to_jax(x2)
-    run = jax.jit(empirical_ntk_fn(graph, impl).plan(graph.params, a1, a2, trace_axes=trace_axes)[0])
+    run = jax.jit(empirical_ntk_fn(graph, impl).plan(graph.params, a1, a2,
+                                                     trace_axes=trace_axes)[0])
     try:
         m = run.lower((graph.params, None), a1, a2).compile().memory_analysis()
     except jax.errors.JaxRuntimeError as e:
@@ -150,58 +161,95 @@ def peak_memory(model: nn.Module, x1, x2, trace_axes, impl: str) -> int | None:
     return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
 
 
+def memory_text(peak: int | None, batch_size: int | None) -> str:
+    """A program's peak memory in words; tiled, against the planner's budget for one tile."""
+    from ntbridge.devices import free_bytes
+    from ntbridge.tiling.plan import MEMORY_FRACTION
+    if peak is None:
+        return "compiling it ran out of device memory"
+    if not batch_size:
+        return f"peak memory {peak / 2 ** 20:.0f} MiB"
+    budget = free_bytes(jax.devices()[0]) * MEMORY_FRACTION
+    return (f"peak memory of a tile {peak / 2 ** 20:.0f} MiB, planner's budget "
+            f"{budget / 2 ** 20:.0f} MiB: {'PASS' if peak <= budget else 'FAIL'}")
+
+
 def strategies_vs_auto(name: str, model: nn.Module, x1, x2, trace_axes, limit_s: float,
-                       repeats: int) -> dict[str, float]:
-    """Each empirical strategy's time and peak memory vs the one auto picked; strategies whose
-    XLA estimate is above ``limit_s`` seconds or 4 GiB are reported, not run. Returns the times."""
+                       repeats: int, batch_size: int | None = None) -> None:
+    """Each empirical strategy's time and peak memory vs the one auto picked, called alternately
+    with auto; strategies whose XLA estimate is above ``limit_s`` seconds or 4 GiB are reported,
+    not run."""
     call = lambda impl="auto": ntbridge.empirical_ntk(model, x1, x2, trace_axes=trace_axes,
-                                                      implementation=impl)
+                                                      implementation=impl, batch_size=batch_size)
     t0 = time.perf_counter()
-    _, info = ntbridge.empirical_ntk(model, x1, x2, trace_axes=trace_axes, return_info=True)
+    _, info = ntbridge.empirical_ntk(model, x1, x2, trace_axes=trace_axes, return_info=True,
+                                     batch_size=batch_size)
     print(f"  auto picked {info.implementation} (first call, choice and compilation included: "
           f"{time.perf_counter() - t0:.1f} s): {info.reason}")
-    times = {"auto": best_time(call, repeats)}
+    ratios = {}  # strategy / auto, best times of alternate calls
     for impl, cost in sorted(info.costs.items()):
-        peak = peak_memory(model, x1, x2, trace_axes, impl)
-        memory = ("compiling it ran out of device memory" if peak is None else
-                  f"peak memory {peak / 2 ** 20:.0f} MiB")
+        peak = peak_memory(model, x1, x2, trace_axes, impl, batch_size)
+        memory = memory_text(peak, batch_size)
         too_big = cost["estimated_s"] > limit_s or peak is None or peak > 2 ** 32
         if too_big and impl != info.implementation:
             print(f"{name + ': ' + impl + ' / auto':<52} {'-':>8}    not run: XLA estimate "
                   f"{cost['estimated_s']:.1f} s, {memory}")
             continue
-        times[impl] = best_time(lambda: call(impl), repeats)
-        row(f"{name}: {impl} / auto", times[impl] / times["auto"],
-            f"{impl} {times[impl] * 1e3:.1f} ms, {memory}")
-    fastest = min(t for k, t in times.items() if k != "auto")
-    verdict = "PASS" if times["auto"] <= 1.2 * fastest else "FAIL"
-    print(f"  check auto <= 1.2x fastest strategy: auto {times['auto'] * 1e3:.1f} ms, fastest "
-          f"{fastest * 1e3:.1f} ms: {verdict}")
-    return times
+        theirs, ours = map(min, interleaved_times(lambda: call(impl), call, repeats))
+        ratios[impl] = theirs / ours
+        row(f"{name}: {impl} / auto", ratios[impl],
+            f"{impl} {theirs * 1e3:.1f} ms, auto {ours * 1e3:.1f} ms, {memory}")
+    fastest = min(ratios, key=ratios.get)
+    verdict = "PASS" if ratios[fastest] >= 1 / 1.2 else "FAIL"
+    row(f"{name}: fastest strategy / auto", ratios[fastest],
+        f"fastest: {fastest}; check auto <= 1.2x fastest: {verdict}")
+
+
+def tutorial_cnn(device: str) -> nn.Module:
+    """The torch.func NTK tutorial's CNN: 3 conv 3x3 layers of 32 channels, ReLU, Flatten, Linear
+    to 10, for 3x32x32 images."""
+    return nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Conv2d(32, 32, 3), nn.ReLU(),
+                         nn.Conv2d(32, 32, 3), nn.Flatten(), nn.Linear(32 * 26 * 26, 10)).to(device)
+
+
+def vs_torch_func(name: str, model: nn.Module, x1, x2, trace_axes, how: str, target: float,
+                  rounds: int, batch_size: int | None = None) -> None:
+    """ntbridge auto / torch.func (``how``) on the same kernel, called alternately."""
+    auto = lambda: ntbridge.empirical_ntk(model, x1, x2, trace_axes=trace_axes,
+                                          batch_size=batch_size)
+    reference = lambda: torch_func_ntk(model, x1, x2, how, trace=trace_axes == (-1,))
+    ours, theirs = interleaved_times(auto, reference, rounds)
+    ratios = {"best": min(ours) / min(theirs),
+              "median": statistics.median(ours) / statistics.median(theirs)}
+    verdict = "PASS" if max(ratios.values()) <= target else "FAIL"
+    row(f"{name}: auto / torch.func {how}", ratios["median"],
+        f"ratio of medians; of best times {ratios['best']:.2f}x; torch.func median "
+        f"{statistics.median(theirs) * 1e3:.0f} ms over {rounds} interleaved calls; target "
+        f"<= {target}x: {verdict}")
 
 
 def empirical_cnn(repeats: int, device: str) -> None:
-    """The torch.func NTK tutorial's CNN, full kernel of 20 x 5 images: ntbridge auto vs torch.func,
-    model and inputs on ``device`` ("cpu" or "cuda")."""
-    from ntbridge.converters.registry import find_converter
+    """The tutorial CNN's full empirical NTK of 20 x 5 images, model and inputs on ``device``
+    ("cpu" or "cuda")."""
+    model, images = tutorial_cnn(device), lambda n: torch.randn(n, 3, 32, 32, device=device)
+    x1, x2 = images(20), images(5)
     name = f"CNN empirical NTK (20x5 images, full, {device})"
-    if find_converter(nn.Conv2d(1, 1, 1)) is None:
-        print(f"{name:<52} skipped: Conv2d not supported yet")
-        return
-    model = nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Conv2d(32, 32, 3), nn.ReLU(),
-                          nn.Conv2d(32, 32, 3), nn.Flatten(), nn.Linear(32 * 26 * 26, 10)).to(device)
-    x1, x2 = torch.randn(20, 3, 32, 32, device=device), torch.randn(5, 3, 32, 32, device=device)
     strategies_vs_auto(name, model, x1, x2, (), limit_s=60, repeats=repeats)
-    auto = lambda: ntbridge.empirical_ntk(model, x1, x2, trace_axes=())
     for how, target, rounds in (("jacobian", 0.5, 3 * repeats), ("ntvp", 1.0, repeats)):
-        ours, theirs = interleaved_times(auto, lambda: torch_func_ntk(model, x1, x2, how), rounds)
-        ratios = {"best": min(ours) / min(theirs),
-                  "median": statistics.median(ours) / statistics.median(theirs)}
-        verdict = "PASS" if max(ratios.values()) <= target else "FAIL"
-        row(f"{name}: auto / torch.func {how}", ratios["median"],
-            f"ratio of medians; of best times {ratios['best']:.2f}x; torch.func median "
-            f"{statistics.median(theirs) * 1e3:.0f} ms over {rounds} interleaved calls; target "
-            f"<= {target}x: {verdict}")
+        vs_torch_func(name, model, x1, x2, (), how, target, rounds)
+
+
+def empirical_cnn_traced(repeats: int, device: str) -> None:
+    """The tutorial CNN's empirical NTK with the default trace_axes (float32): 20 x 5 images, 64
+    with x2 = None, and 256 with x2 = None in tiles of 128."""
+    model, images = tutorial_cnn(device), lambda n: torch.randn(n, 3, 32, 32, device=device)
+    for n1, n2, batch_size in ((20, 5, None), (64, None, None), (256, None, 128)):
+        x1, x2 = images(n1), None if n2 is None else images(n2)
+        tiles = f", tiles of {batch_size}" if batch_size else ""
+        name = f"CNN empirical NTK ({n1}x{n2 or 'None'}{tiles}, traced, {device})"
+        strategies_vs_auto(name, model, x1, x2, (-1,), limit_s=20, repeats=repeats,
+                           batch_size=batch_size)
+        vs_torch_func(name, model, x1, x2, (-1,), "jacobian", 0.5, 2 * repeats, batch_size)
 
 
 def cpu_convolution(batch: int) -> None:
@@ -309,6 +357,7 @@ def main() -> None:
         analytic_rows(n, args.quick)
     empirical_wide_mlp(64 if args.quick else 256, repeats, args.device)
     empirical_cnn(repeats, args.device)
+    empirical_cnn_traced(repeats, args.device)
 
 
 if __name__ == "__main__":

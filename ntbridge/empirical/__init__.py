@@ -23,7 +23,8 @@ Strategies of the empirical NTK (all give the same kernel):
   layer's output (one backward pass per output unit, through zero "taps" added to each layer's
   output) and the layer's input patches, without the parameter Jacobian. The backward pass
   through the network's affine last layers (``Layer.affine``: e.g. a last Conv, Flatten, Linear)
-  is the same for every example and is taken once. Other parameters fall back to Jacobians.
+  is the same for every example and is taken once; with x2 = None, one side's cotangents and
+  per-example factors serve both. Other parameters fall back to Jacobians.
   Needs the network's layers (a ``Graph``), not a bare ``apply_fn``.
 * ``"auto"`` (:mod:`.choose`): lowers each candidate (traced, not compiled), estimates its time from XLA's cost
   analysis of that program (a roofline of flops and bytes accessed, for the inputs' platform; on

@@ -84,13 +84,18 @@ class Axes:
         return tuple(perm)
 
 
+def contract_subscripts(rest_ndim: int, axes: Axes) -> str:
+    """The einsum of :func:`contract` for arrays with ``rest_ndim`` trailing summed axes."""
+    letters = iter(string.ascii_letters)
+    sa, sb, out = axes.subscripts(letters)
+    rest = "".join(next(letters) for _ in range(rest_ndim))
+    return f"{sa}{rest},{sb}{rest}->{out}"
+
+
 def contract(a: jax.Array, b: jax.Array, axes: Axes) -> jax.Array:
     """Contract ``a (N1, *out, *rest)`` with ``b (N2, *out, *rest)`` over ``rest`` and the axes rules.
 
     ``rest`` (e.g. a parameter's shape) is summed over; traced output axes are averaged.
     """
-    letters = iter(string.ascii_letters)
-    sa, sb, out = axes.subscripts(letters)
-    rest = "".join(next(letters) for _ in range(a.ndim - axes.out_ndim))
-    return jnp.einsum(f"{sa}{rest},{sb}{rest}->{out}", a, b,
+    return jnp.einsum(contract_subscripts(a.ndim - axes.out_ndim, axes), a, b,
                       precision=HIGHEST) / axes.scale(a.shape[:axes.out_ndim])

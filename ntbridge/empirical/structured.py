@@ -6,19 +6,21 @@ the same at every input. The contribution of such a parameter is
 ``sum_{p,q} (g1[p] . g2[q]) (patch1[p] . patch2[q])``, from the cotangents ``g`` at the layer's output
 (one backward pass per output unit, through zero "taps" added to each layer's output) and the
 layer's input patches. The backward pass through the network's affine last layers is the same for
-every example and is taken once. Other parameters fall back to Jacobians."""
+every example and is taken once. Each contribution is contracted in the cheaper of two orders (per
+example parameter gradients, or Gram products of cotangents and of patches: see
+``_outer_contribution``), traced output axes inside the product; with x2 = None the cotangents,
+patches and per-example gradients are formed once. Other parameters fall back to Jacobians."""
 
 from __future__ import annotations
 
 import math
 import string
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from ..errors import InputError
-from .axes import HIGHEST, Axes
+from .axes import HIGHEST, Axes, contract, contract_subscripts
 from .groups import leaf_paths, sum_groups, group_of
 from .jacobian import jacobian_parts
 
@@ -84,26 +86,51 @@ def _cotangents(nodes, structured, params, x):
     return head_ins + tail_ins, [per_example(g) for g in [*g_head, *g_tail]]
 
 
-def _outer_contribution(o1: Any, o2: Any, axes: Axes) -> jax.Array:
-    """``sum_{p,q} (g1[:, p] . g2[:, q]) (patch1[:, p] . patch2[:, q])`` per the axes rules.
+def _outer_contribution(outers: list, axes: Axes) -> jax.Array:
+    """``sum_{p,q} (g1[:, p] . g2[:, q]) (patch1[:, p] . patch2[:, q])`` per the axes rules, from
+    the outers ``[o1, o2]`` of x1 and x2, or ``[o1]`` when x2 is x1.
 
     ``o = (g, patches, n)``: ``g`` is ``(N, P, *out, C)``, or ``(1, P, *out, C)`` when the same
     for all ``n`` examples; ``patches`` is ``(N, P, K)`` or None (all ones). Positions lead and
     channels trail (``*out`` between them), so each example's ``g`` is a ``(P, out x C)`` matrix as
     it stands.
+
+    Of two contraction orders, the one with fewer operations (opt_einsum's count) is taken:
+    * factors: each example's parameter gradient ``F = sum_p g[:, p] (x) patches[:, p]``, ``(N,
+      *out, C, K)``, then ``F1 . F2`` over ``(C, K)`` with the traced output axes summed in the
+      same product (no output-output block is formed). When x2 is x1, ``F`` is formed once.
+    * Gram: the products of cotangents ``g1 . g2`` and of patches ``patch1 . patch2``, never
+      forming ``C x K`` (the cheaper one for few positions and a large ``C K``: a last Linear,
+      whose ``g`` is the identity).
     """
     letters = iter(string.ascii_letters)
     sa, sb, out = axes.subscripts(letters)
     p, q, c, k = (next(letters) for _ in range(4))
-    (g1, x1, n1), (g2, x2, n2) = o1, o2
+    (g1, x1, n1), (g2, x2, n2) = outers[0], outers[-1]
     scale = axes.scale((n1, *g1.shape[2:axes.out_ndim + 1]))
     x1, x2 = (jnp.ones((n, g.shape[1], 1), g.dtype) if x is None else x
               for x, g, n in ((x1, g1, n1), (x2, g2, n2)))
     s1, s2 = (s[0] + pos + s[1:] if g.shape[0] == n else pos + s[1:]
               for s, pos, g, n in ((sa, p, g1, n1), (sb, q, g2, n2)))
     g1, g2 = (g if g.shape[0] == n else g[0] for g, n in ((g1, n1), (g2, n2)))
-    return jnp.einsum(f"{s1}{c},{s2}{c},{sa[0]}{p}{k},{sb[0]}{q}{k}->{out}",
-                      g1, g2, x1, x2, precision=HIGHEST, optimize="optimal") / scale
+    gram = (f"{s1}{c},{s2}{c},{sa[0]}{p}{k},{sb[0]}{q}{k}->{out}", g1, g2, x1, x2)
+    factors = [(f"{s1}{c},{sa[0]}{p}{k}->{sa}{c}{k}", g1, x1)]
+    factors += [(f"{s2}{c},{sb[0]}{q}{k}->{sb}{c}{k}", g2, x2)][:len(outers) - 1]
+    if _gram_is_cheaper(gram, factors, axes):
+        return jnp.einsum(*gram, precision=HIGHEST, optimize="optimal") / scale
+    formed = [jnp.einsum(*f, precision=HIGHEST) for f in factors]
+    return contract(formed[0], formed[-1], axes)
+
+
+def _gram_is_cheaper(gram: tuple, factors: list[tuple], axes: Axes) -> bool:
+    """Whether the Gram order of :func:`_outer_contribution` takes no more operations
+    (opt_einsum's count) than forming the ``factors`` (``(spec, g, patches)``, one or two) and
+    contracting them."""
+    count = lambda spec, *ops: jnp.einsum_path(spec, *ops, optimize="optimal")[1].opt_cost
+    shapes = [jax.eval_shape(lambda *a, spec=spec: jnp.einsum(spec, *a), *ops)
+              for spec, *ops in (factors[0], factors[-1])]
+    product = count(contract_subscripts(shapes[0].ndim - axes.out_ndim, axes), *shapes)
+    return count(*gram) <= sum(count(*f) for f in factors) + product
 
 
 def structured_plan(model):
@@ -127,19 +154,17 @@ def structured_strategy(model, params, x1, x2, axes, by_layer):
     if structured:
         lookup = {**params, **model.state}
         sides = [_cotangents(nodes, structured, lookup, x) for x in ((x1,) if x2 is None else (x1, x2))]
-        (ins1, gs1), (ins2, gs2) = sides[0], sides[-1]
         n1, n2 = x1.shape[0], (x1 if x2 is None else x2).shape[0]
         for j, i in enumerate(structured):
             node = nodes[i]
             local = {p: lookup[node.key(p)] for p in node.param_names}
-            rule1, rule2 = node.layer.structure(local, ins1[j]), node.layer.structure(local, ins2[j])
-            for p, r1 in rule1.items():
+            rules = [node.layer.structure(local, ins[j]) for ins, _ in sides]
+            for p in rules[0]:
                 if node.key(p) not in params:
                     continue
-                r2 = rule2[p]
-                g1, g2 = _rows(r1, gs1[j], axes), _rows(r2, gs2[j], axes)
-                parts.setdefault(node.name, []).append(_outer_contribution(
-                    (g1, r1.patches, n1), (g2, r2.patches, n2), axes))
+                outers = [(_rows(r[p], gs[j], axes), r[p].patches, n)
+                          for r, (_, gs), n in zip(rules, sides, (n1, n2))]
+                parts.setdefault(node.name, []).append(_outer_contribution(outers, axes))
                 done.add(node.key(p))
     rest = [i for i, path in enumerate(leaf_paths(params)) if str(path[0].key) not in done]
     if rest:
