@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import warnings
 from typing import Any, NamedTuple
 
@@ -17,6 +18,7 @@ from ..errors import InitMismatchWarning, InputError, NtbridgeError, Unsupported
 from ..stax import INPUT, Kernel, Layer, dag, input_kernel
 from ..stax.kernel import swap_perm, symmetrize
 from ..tiling import Task
+from ..tiling.blocks import in_blocks
 from .registry import Context, Options, find_converter, init_mismatch, supported_types
 
 Params = dict[str, jax.Array]
@@ -227,10 +229,17 @@ class Graph:
         """The axes exchanging x1 and x2 in an analytic kernel array of rank ``ndim``."""
         return swap_perm(ndim, not self.network.full_spatial)
 
-    def analytic_task(self, get: str | tuple[str, ...] = KERNEL_NAMES) -> Task:
-        """The infinite-width kernels ``get`` as a task for :func:`ntbridge.tiling.compute`."""
-        return Task(("analytic", self.signature, get),
-                    lambda args, x1, x2: _analytic(self.network, x1, x2, get), self.perm)
+    def analytic_task(self, get: str | tuple[str, ...] = KERNEL_NAMES,
+                      blocks: bool = False) -> Task:
+        """The infinite-width kernels ``get`` as a task for :func:`ntbridge.tiling.compute`; with
+        ``blocks`` (on CPUs), each tile computed in blocks that stay in cache
+        (:func:`ntbridge.tiling.blocks.in_blocks`)."""
+        fn = lambda args, x1, x2: _analytic(self.network, x1, x2, get)
+        if blocks:
+            power = 2 if self.network.full_spatial else 1  # pairs of positions, or positions
+            fn = in_blocks(fn, lambda a1: a1.dtype.itemsize * math.prod(a1.shape[2:]) ** power,
+                           self.perm)
+        return Task(("analytic", self.signature, get, blocks), fn, self.perm)
 
     def kernel_fn(self, x1: jax.Array, x2: jax.Array | None = None,
                   get: str | tuple[str, ...] = KERNEL_NAMES):

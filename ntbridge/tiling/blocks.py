@@ -1,0 +1,86 @@
+"""A tile's kernel computed in blocks of examples whose arrays stay in a CPU core's cache.
+
+The analytic kernels of images are memory-bound: every layer passes several times over arrays of
+``b1 x b2`` example pairs times the positions (or pairs of positions) each pair holds: the
+convolution's shifted sums, the nonlinearity's rule, the NTK's update. Once a tile's arrays outgrow
+the cache, each pass goes to main memory. :func:`in_blocks` computes the tile in ``s x s`` blocks
+of examples whose arrays fit in :data:`BLOCK_BYTES`, one after another inside the tile's program
+(``lax.map``), so the passes stay in cache. Each block recomputes the per-example covariances of its
+examples, ``2 / s`` of the pairs' work. With x2 = x1 only the blocks on and above the diagonal are
+computed; the others are their transposes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+BLOCK_BYTES = 2 ** 20  # the arrays of one block: about a core's L2 cache
+LIVE_ARRAYS = 4  # kernel arrays alive at once in a layer's rule (NNGP, NTK, their inputs)
+
+TileFn = Callable[[Any, jax.Array, "jax.Array | None"], Any]
+
+
+def block_size(pair_bytes: int) -> int:
+    """Examples per block side, for ``pair_bytes`` bytes per example pair in one kernel array.
+
+    Example:
+        >>> block_size(4 * 256)   # float32, 16 x 16 images, same-position covariances
+        16
+    """
+    return max(1, math.isqrt(BLOCK_BYTES // (pair_bytes * LIVE_ARRAYS)))
+
+
+def _blocks(a: jax.Array, size: int) -> jax.Array:
+    """``(n, ...) -> (ceil(n / size), size, ...)``, the last block padded with the last row."""
+    count = -(-a.shape[0] // size)
+    a = jnp.concatenate([a, jnp.repeat(a[-1:], count * size - a.shape[0], axis=0)])
+    return a.reshape(count, size, *a.shape[1:])
+
+
+def _assemble(grid: jax.Array, n1: int, n2: int) -> jax.Array:
+    """``(nb1, nb2, s, s, ...) -> (n1, n2, ...)``: the blocks side by side, padding cut."""
+    nb1, nb2, s1, s2, *rest = grid.shape
+    tile = jnp.swapaxes(grid, 1, 2).reshape(nb1 * s1, nb2 * s2, *rest)
+    return tile[:n1, :n2]
+
+
+def in_blocks(fn: TileFn, pair_bytes: Callable[[jax.Array], int],
+              perm: Callable[[int], tuple[int, ...]]) -> TileFn:
+    """``fn(args, a1, a2)`` (a tile's kernel, ``(b1, b2, ...)`` leaves) computed in blocks of
+    :func:`block_size` examples, ``pair_bytes(a1)`` bytes per pair; ``perm(ndim)`` exchanges x1
+    and x2 in a leaf (with ``a2=None`` the blocks below the diagonal are the transposes of those
+    above). Tiles no larger than a block are computed as they are.
+
+    Example:
+        >>> fn = lambda args, a1, a2: a1 @ (a1 if a2 is None else a2).T
+        >>> tile = in_blocks(fn, lambda a1: 2 ** 20, lambda ndim: (1, 0))(None, jnp.ones((5, 3)), None)
+        >>> tile.shape
+        (5, 5)
+    """
+
+    def blocked(args, a1, a2):
+        size = block_size(pair_bytes(a1))
+        n1, n2 = a1.shape[0], (a1 if a2 is None else a2).shape[0]
+        if max(n1, n2) <= size:
+            return fn(args, a1, a2)
+        b1 = _blocks(a1, size)
+        b2 = b1 if a2 is None else _blocks(a2, size)
+        nb1, nb2 = b1.shape[0], b2.shape[0]
+        rows, cols = np.triu_indices(nb1) if a2 is None else np.divmod(np.arange(nb1 * nb2), nb2)
+        out = jax.lax.map(lambda ij: fn(args, b1[ij[0]], b2[ij[1]]), (rows, cols))
+
+        def grid(leaf):  # (pairs, s, s, ...) -> (n1, n2, ...)
+            g = jnp.zeros((nb1, nb2, *leaf.shape[1:]), leaf.dtype)
+            if a2 is None:
+                swap = (0, *(p + 1 for p in perm(leaf.ndim - 1)))
+                g = g.at[cols, rows].set(jnp.transpose(leaf, swap))
+            return _assemble(g.at[rows, cols].set(leaf), n1, n2)
+
+        return jax.tree.map(grid, out)
+
+    return blocked
