@@ -2,6 +2,7 @@
 is from its memory-traffic floor.
 
 Run: python benchmarks/kernel_speed.py [--nt-python nt/bin/python] [--rounds R] [--quick]
+[--only NAME]
 
 Each workload (NNGP + NTK, 'ntk' parameterization, W_std 1.3 (1.4 for convolutions), b_std 0.2
 (0.1), default options: the planner picks tiles) runs in a fresh process that times the steady
@@ -122,9 +123,12 @@ def main() -> None:
     parser.add_argument("--nt-python", metavar="PATH", help="a Python with neural-tangents 0.6.5")
     parser.add_argument("--rounds", type=int, default=1, help="alternating process pairs per row")
     parser.add_argument("--quick", action="store_true", help="the small rows only")
+    parser.add_argument("--only", choices=sorted(TARGETS), help="the rows of one workload only")
     args = parser.parse_args()
     print(f"{'benchmark':<52} {'ratio':>9}   detail")
     for spec in QUICK_ROWS if args.quick else ROWS:
+        if args.only and spec[0] != args.only:
+            continue
         name, dtype, n1, n2, size, channels = spec
         ours, theirs = [], []
         for _ in range(args.rounds):

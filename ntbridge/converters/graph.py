@@ -127,11 +127,42 @@ def _apply(network: Layer, layout: tuple, params: Params, x: jax.Array) -> jax.A
     return network.apply_fn(per_layer, x)
 
 
+ROW_BLOCK_BYTES = 2 ** 21  # the rows of a kernel that by_row_blocks evaluates at once
+
+
+def by_row_blocks(kernel_fn, k: Kernel) -> Kernel:
+    """``kernel_fn(k)`` of a pairwise network (see :class:`~ntbridge.stax.Layer`) on a kernel of
+    vector inputs, evaluated by ``lax.map`` over blocks of rows of about ``ROW_BLOCK_BYTES``.
+
+    XLA keeps some of a layer's results in memory (those its consumers do not recompute); by
+    blocks they stay in the cache (a 3-layer ReLU network at N = 2048, one thread: 1.7x as fast in
+    float32, 2.6x in float64).
+    The block is a divisor of N1 (no padding): without one of at least 8 rows, ``kernel_fn(k)``.
+    """
+    n1, n2 = k.nngp.shape
+    target = min(n1, max(1, ROW_BLOCK_BYTES // (n2 * k.nngp.dtype.itemsize)))
+    rows = max(d for d in range(1, target + 1) if n1 % d == 0)
+    if rows == n1 or rows < 8:
+        return kernel_fn(k)
+    split = lambda a: None if a is None else a.reshape(n1 // rows, rows, *a.shape[1:])
+    merge = lambda a: None if a is None else a.reshape(n1, *a.shape[2:])
+
+    def block(arrays):
+        nngp, ntk, cov1 = arrays
+        return kernel_fn(k.replace(nngp=nngp, ntk=ntk, cov1=cov1, x1_is_x2=False,
+                                   shape1=(rows, *k.shape1[1:])))
+
+    out = jax.lax.map(block, (split(k.nngp), split(k.ntk), split(k.cov1)))
+    return out.replace(nngp=merge(out.nngp), ntk=merge(out.ntk), cov1=merge(out.cov1),
+                       cov2=out.cov2[0], shape1=(n1, *out.shape1[1:]), x1_is_x2=k.x1_is_x2)
+
+
 def _analytic(network: Layer, x1, x2, get):
     names = (get,) if isinstance(get, str) else tuple(get)
     k: Kernel = input_kernel(x1, x2, compute_ntk="ntk" in names,
                              diagonal_spatial=not network.full_spatial)
-    k = network.kernel_fn(k)
+    blocked = network.pairwise and k.nngp.ndim == 2
+    k = by_row_blocks(network.kernel_fn, k) if blocked else network.kernel_fn(k)
     out = {name: getattr(k, name) for name in names}
     return out[get] if isinstance(get, str) else Kernels(**out)
 
