@@ -266,7 +266,7 @@ def _analytic(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, param
             return graph.analytic_task(("nngp", "ntk")), None
         owners = tuple(n.index for n in graph.layers if n.param_names)
         return Task(("analytic_by_layer", graph.signature, owners), _suffix_fn(graph, owners),
-                    graph.perm), owners
+                    graph.perm, pairwise=graph.network.pairwise), owners
 
     result, owners, graph = run(Request(model, x1, x2, task,
                                         conversion=dict(parameterization=parameterization)))

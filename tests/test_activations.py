@@ -99,6 +99,49 @@ def test_relu_float32_angles_and_rule_within_1e5_of_float64():
     np.testing.assert_allclose(np.asarray(dot32), np.asarray(dot64), rtol=1e-5, atol=0)
 
 
+
+def test_relu_float64_angles_within_a_few_ulps_of_numpy():
+    """float64's polynomial arc-cosine is within 2 ulps of numpy's over [-1, 1] (down to the ends,
+    where pi - t is exactly 0 and pi); sin t within 4 ulps of sqrt(1 - cos^2) where the latter is
+    accurate (|cos| <= 1/2), and exactly 0 at +-1."""
+    from ntbridge.stax.activations import _angles
+    tails = np.logspace(-16, 0, 400)
+    cos = np.concatenate([np.linspace(-1, 1, 20001), 1 - tails, -1 + tails])
+    with jax.enable_x64(True):
+        sin, rest = map(np.asarray, _angles(jax.numpy.asarray(cos)))
+    assert sin.dtype == np.float64
+    ulps = lambda got, want: np.max(np.abs(got - want) / np.spacing(np.abs(want)))
+    inner = cos > -1  # at -1 pi - t is 0, where ulps are of no use: checked exactly below
+    assert ulps(rest[inner], np.arccos(-cos[inner])) <= 2
+    assert np.all(rest[cos == -1] == 0) and np.all(rest[cos == 1] == math.pi)
+    assert np.all(rest[cos == 0] == math.pi / 2)
+    middle = np.abs(cos) <= 0.5
+    assert ulps(sin[middle], np.sqrt(1 - cos[middle] ** 2)) <= 4
+    assert np.all(sin[np.abs(cos) == 1] == 0)
+
+
+def test_float64_arccos_table_is_its_chebyshev_interpolant():
+    """_ACOS_SQUARED_64 is the degree-19 Chebyshev interpolant of arccos(a)^2 / (1 - a) on [0, 1]
+    in powers of t = 2a - 1, recomputed here in 50-digit arithmetic."""
+    mpmath = pytest.importorskip("mpmath")
+    from ntbridge.stax.activations import _ACOS_SQUARED_64
+    with mpmath.workdps(50):
+        n = len(_ACOS_SQUARED_64)
+        angles = [mpmath.pi * (k + mpmath.mpf(1) / 2) / n for k in range(n)]
+        values = [mpmath.acos(a) ** 2 / (1 - a)
+                  for a in ((mpmath.cos(x) + 1) / 2 for x in angles)]
+        chebyshev = [(1 if j == 0 else 2) * mpmath.fsum(v * mpmath.cos(j * x)
+                                                        for v, x in zip(values, angles)) / n
+                     for j in range(n)]
+        powers, previous, current = [mpmath.mpf(0)] * n, [mpmath.mpf(1)], [0, mpmath.mpf(1)]
+        for c in chebyshev:  # T_j in powers of t, by T_(j+1) = 2 t T_j - T_(j-1)
+            for i, p in enumerate(previous):
+                powers[i] += c * p
+            previous, current = current, [2 * p - q for p, q in
+                                          zip([0] + current, previous + [0, 0])]
+        table = np.array([float(p) for p in powers[::-1]])
+    np.testing.assert_array_max_ulp(np.array(_ACOS_SQUARED_64), table, maxulp=1)
+
 def test_fc_relu_network_float32_within_1e5_of_float64():
     model = nn.Sequential(nn.Linear(30, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                           nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))

@@ -235,11 +235,12 @@ class Graph:
         ``blocks`` (on CPUs), each tile computed in blocks that stay in cache
         (:func:`ntbridge.tiling.blocks.in_blocks`)."""
         fn = lambda args, x1, x2: _analytic(self.network, x1, x2, get)
-        if blocks:
+        if blocks and self.network.pairwise:
             power = 2 if self.network.full_spatial else 1  # pairs of positions, or positions
             fn = in_blocks(fn, lambda a1: a1.dtype.itemsize * math.prod(a1.shape[2:]) ** power,
                            self.perm)
-        return Task(("analytic", self.signature, get, blocks), fn, self.perm)
+        return Task(("analytic", self.signature, get, blocks), fn, self.perm,
+                    pairwise=self.network.pairwise)
 
     def kernel_fn(self, x1: jax.Array, x2: jax.Array | None = None,
                   get: str | tuple[str, ...] = KERNEL_NAMES):

@@ -91,10 +91,19 @@ def _fit(fn: Callable[[np.ndarray], np.ndarray]) -> tuple[float, ...]:
     return tuple(float(v) for v in np.polynomial.chebyshev.cheb2poly(cheb)[::-1])
 
 
-# arccos(a) / sqrt(1 - a) and sqrt(1 + a) are analytic on [0, 1] (singular at a = -1 only): their
-# interpolants match them to 3e-9 and 5e-9 relative, below float32 rounding.
+# arccos(a) / sqrt(1 - a), arccos(a)^2 / (1 - a) and sqrt(1 + a) are analytic on [0, 1] (singular
+# at a = -1 only). float32: interpolants of the first and the last, within 3e-9 and 5e-9 relative,
+# below float32 rounding. float64: the degree-19 Chebyshev interpolant of the second (its error is
+# 1e-16 relative), computed in 50-digit arithmetic and expanded in powers of t = 2a - 1, highest
+# first (tests/test_activations.py recomputes it: interpolating in float64 loses a dozen ulps).
 _ACOS_OVER_ROOT = _fit(lambda a: np.arccos(a) / np.sqrt(1 - a))
 _SQRT_ONE_PLUS = _fit(lambda a: np.sqrt(1 + a))
+_ACOS_SQUARED_64 = (
+    -2.5037157603353945e-11, 8.093598934627533e-11, -1.3748845681415564e-10, 4.5158246421477443e-10,
+    -1.7576916253248074e-09, 5.819007053225595e-09, -1.908561533859214e-08, 6.4175594039631e-08,
+    -2.180434647740536e-07, 7.482355065048167e-07, -2.6016194093537407e-06, 9.192524728716312e-06,
+    -3.313495464668311e-05, 0.00012251475814017466, -0.0004684613967577248, 0.0018761901930736346,
+    -0.00804238326807016, 0.038446411433299334, -0.22515372984798854, 2.193245422464302)
 
 
 def _horner(coefficients: tuple[float, ...], t: jax.Array) -> jax.Array:
@@ -108,16 +117,23 @@ def _horner(coefficients: tuple[float, ...], t: jax.Array) -> jax.Array:
 def _angles(cos: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(sin t, pi - t)`` for ``t = arccos(cos)``, ``cos`` in [-1, 1].
 
-    float32 uses the interpolants above, with one square root per entry: libm's arccos costs far
-    more than the whole rest of a ReLU layer. ``pi - t`` is computed directly, so it stays
-    relatively accurate as t -> pi. Derivatives: see :func:`_angles_jvp`.
+    By the polynomials above in ``a = |cos|``, not libm's arccos (which costs far more than the
+    whole rest of a ReLU layer). XLA repeats cheap operations in each consumer of a result (a
+    layer's angles feed the next layer and the NTK) but evaluates a square root once: float32
+    shares one square root between its two degree-8 polynomials; float64 ends its degree-19 one in
+    a square root, ``arccos(a) = sqrt((1 - a) p(t))`` (within 1 ulp), and takes ``sin t = sqrt((1 -
+    a) (1 + a))``. ``pi - t`` is computed directly, so it stays relatively accurate as t -> pi.
+    Derivatives: see :func:`_angles_jvp`.
     """
-    if cos.dtype != jnp.float32:
-        return safe_sqrt(1.0 - cos * cos), jnp.arccos(-cos)
     a = jnp.abs(cos)
-    root, t = jnp.sqrt(1.0 - a), 2.0 * a - 1.0
-    acos_a = root * _horner(_ACOS_OVER_ROOT, t)     # arccos(|cos|), in [0, pi/2]
-    return root * _horner(_SQRT_ONE_PLUS, t), jnp.where(cos >= 0, math.pi - acos_a, acos_a)
+    t = 2.0 * a - 1.0
+    if cos.dtype == jnp.float32:
+        root = jnp.sqrt(1.0 - a)
+        acos_a, sin = root * _horner(_ACOS_OVER_ROOT, t), root * _horner(_SQRT_ONE_PLUS, t)
+    else:
+        acos_a = jnp.sqrt((1.0 - a) * _horner(_ACOS_SQUARED_64, t))
+        sin = jnp.sqrt((1.0 - a) * (1.0 + a))
+    return sin, jnp.where(cos >= 0, math.pi - acos_a, acos_a)  # acos_a = arccos(a) in [0, pi/2]
 
 
 @_angles.defjvp

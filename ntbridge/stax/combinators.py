@@ -55,7 +55,8 @@ def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
     def kernel_fn(k):
         return _run([layer.kernel_fn for layer in layers], inputs, k)
 
-    return Layer(init_fn, apply_fn, kernel_fn, any(layer.full_spatial for layer in layers))
+    return Layer(init_fn, apply_fn, kernel_fn, any(layer.full_spatial for layer in layers),
+                 pairwise=all(layer.pairwise for layer in layers))
 
 
 def serial(*layers: Layer) -> Layer:
@@ -95,7 +96,8 @@ def parallel(*layers: Layer) -> Layer:
     def kernel_fn(ks):
         return tuple(layer.kernel_fn(k) for layer, k in zip(layers, ks))
 
-    return Layer(init_fn, apply_fn, kernel_fn, any(layer.full_spatial for layer in layers))
+    return Layer(init_fn, apply_fn, kernel_fn, any(layer.full_spatial for layer in layers),
+                 pairwise=all(layer.pairwise for layer in layers))
 
 
 def _same_shapes(shapes, skip_axis: int | None = None) -> None:

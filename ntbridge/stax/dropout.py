@@ -54,4 +54,4 @@ def Dropout(p: float, channelwise: bool = False, name: str = "Dropout") -> Layer
         return k.replace(nngp=diagonal(k.nngp), ntk=None if k.ntk is None else diagonal(k.ntk),
                          cov1=scale(k.cov1, False), cov2=scale(k.cov2, False), is_gaussian=False)
 
-    return Layer(lambda key, shape: (tuple(shape), {}), apply_fn, kernel_fn)
+    return Layer(lambda key, shape: (tuple(shape), {}), apply_fn, kernel_fn, pairwise=False)

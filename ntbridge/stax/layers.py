@@ -13,6 +13,8 @@ A layer is a tiny stax triple plus what it requires of its input kernel:
 * ``affine``: the output is an affine function of the input (Linear, Conv, reshapes, average
   pooling), so the layer's VJP is the same at every input; the ``"structured"`` strategy takes the
   VJP of a network's affine last layers once for all examples.
+* ``pairwise``: the kernel of each pair of examples depends on that pair alone, not on whether x2
+  is x1 (all but training-mode Dropout), so a kernel can be computed by blocks of rows.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Layer(NamedTuple):
     full_spatial: bool = False
     structure: Callable[[Any, jax.Array], dict[str, Outer]] | None = None
     affine: bool = False
+    pairwise: bool = True
 
 
 def without_kernel(layer: Layer, message: str) -> Layer:

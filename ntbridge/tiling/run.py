@@ -45,12 +45,16 @@ class Task:
         ``(n1, n2, ...)`` arrays; with ``a2=None`` the kernel of ``a1`` with itself.
       perm: ``perm(ndim)``, the axes permutation exchanging x1 and x2 in a leaf of rank ``ndim``.
       args: a pytree of arrays given to every tile (e.g. parameters), replicated on the devices.
+      pairwise: whether each pair's entry depends on that pair alone; if not (training-mode
+        Dropout: an example with itself differs from two equal examples), a kernel with x2 = x1
+        is computed as one tile.
     """
 
     computation: Hashable
     fn: Callable[[Any, jax.Array, jax.Array | None], Any] = dataclasses.field(compare=False)
     perm: Perm = dataclasses.field(compare=False)
     args: Any = dataclasses.field(default=None, compare=False)
+    pairwise: bool = dataclasses.field(default=True, compare=False)
 
 
 def tile_fn(task: Task, tiling: Tiling) -> Callable:
@@ -132,7 +136,15 @@ def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
     is allocated, from XLA's memory analysis of the program that will run."""
     n1 = x1.shape[0]
     free = free_bytes(opts.devices[0]) * MEMORY_FRACTION
-    for n, b in enumerate(opts.candidate_sizes(max(n1, n2))):
+    sizes = opts.candidate_sizes(max(n1, n2))
+    if symmetric and not task.pairwise:
+        if opts.batch_size and opts.batch_size < n1:
+            raise InputError(
+                f"batch_size={opts.batch_size}: this kernel of x1 with itself cannot be tiled (the "
+                f"training-mode Dropout terms of an example with itself); pass batch_size=None, or "
+                f"call model.eval().")
+        sizes = sizes[:1]
+    for n, b in enumerate(sizes):
         tiling = Tiling(n1, n2, b, symmetric)
         program = compiled(task, tiling, opts, x1)
         if n == 0:  # the result's size, from the output shapes of the first program
