@@ -329,6 +329,8 @@ def analytic_rows(n: int, quick: bool) -> None:
     cnn_kernels(64 if quick else 256, 8 if quick else 32)
     from gradients import gradient_rows  # imports this module's helpers
     gradient_rows(quick)
+    from activations import cost_rows
+    cost_rows(256, 3 if quick else 7, ("float32",))
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from ntbridge import errors
 from ntbridge.dlpack import to_jax
 from ntbridge.stax import ab_relu_rule
 from ntbridge.stax.activations import erf_rule, gelu_rule, sign_rule, sin_rule
+from ntbridge.stax.piecewise import POLAR, polar_rule, radial_rule, tanh_sinh
 from ntbridge.stax.quadrature import smooth_rule
 
 from montecarlo import assert_within_standard_error, sample_kernels
@@ -171,6 +172,63 @@ def test_quadrature_rule_matches_high_degree_gauss_hermite(name):
             scale = math.sqrt(gauss_hermite(lambda x: g(x) ** 2, q1, q1, q1, 150)
                               * gauss_hermite(lambda x: g(x) ** 2, q2, q2, q2, 150))
             assert abs(got - gauss_hermite(g, q1, q2, c, 150)) <= 1e-4 * scale, (name, q1, q2, c)
+
+
+@pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")  # roundoff at 1e-14
+@pytest.mark.parametrize("dtype,atol", [(np.dtype(np.float32), 1e-6), (np.dtype(np.float64), 1e-9)])
+def test_polar_rule_nodes(dtype, atol):
+    """The radial rule at any scale of a singularity near R = 0 (``E (1 + a R)^-2`` against adaptive
+    integration); tanh-sinh: x^k on [-1, 1] to the dtype's rounding."""
+    from scipy import integrate
+    radial, angular = POLAR[dtype]
+    r, w = radial_rule(*radial)
+    for a in (0.0, 0.1, 1.0, 10.0, 100.0, 1000.0):
+        g = lambda x: (1 + a * x) ** -2.0
+        exact = integrate.quad(lambda x: g(x) * x * math.exp(-x * x / 2), 0, 40, epsabs=1e-14,
+                               epsrel=1e-14, limit=500, points=[1 / a] if a else None)[0]
+        assert abs(np.sum(w * g(r)) - exact) <= atol, a
+    x, w = tanh_sinh(*angular)
+    k = np.arange(9)
+    np.testing.assert_allclose((w * x ** k[:, None]).sum(1), (1 + (-1.0) ** k) / (k + 1),
+                               atol=100 * np.finfo(dtype).eps)
+
+
+POLAR_POINTS = [(0.3, 0.3, 0.6), (1.0, 1.0, -1.0), (1.0, 1.0, 0.0), (4.0, 4.0, 1.0),
+                (10.0, 10.0, 0.999), (0.3, 4.0, 0.5), (2.0, 0.5, -0.3)]
+
+
+@pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-8), (np.float32, 2e-5)])
+def test_polar_rule_matches_closed_forms_with_a_kink_or_a_jump_at_zero(dtype, rtol):
+    """LeakyReLU (a kink) and sign (a jump; derivative 0) against their float64 closed forms,
+    relative to ``sqrt(E f(u)^2 E f(v)^2)``."""
+    q1, q2, rho = (np.array(v) for v in zip(*POLAR_POINTS))
+    c = rho * np.sqrt(q1 * q2)
+    for fn, closed in ((lambda x: jax.numpy.where(x > 0, x, 0.2 * x), ab_relu_rule(0.2, 1.0)),
+                       (jax.numpy.sign, sign_rule)):
+        with jax.enable_x64(True):
+            expected = [np.asarray(a) for a in closed(c, q1, q2)]
+            scales = [np.sqrt(np.asarray(a) * np.asarray(b))
+                      for a, b in zip(closed(q1, q1, q1), closed(q2, q2, q2))]
+        with jax.enable_x64(dtype == np.float64):
+            args = [a.astype(dtype) for a in (c, q1, q2)]
+            got = [np.asarray(a) for a in jax.jit(polar_rule(fn))(*args)]
+        assert all(a.dtype == dtype for a in got)
+        for g, e, size in zip(got, expected, scales):
+            assert np.all(np.abs(g - e) <= rtol * size), (g, e)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_polar_rule_and_its_gradients_are_finite_at_degenerate_inputs(dtype):
+    """Zero variances, correlations +-1 and 0, a large variance (Softsign)."""
+    q1 = np.array([0.0, 0.0, 1.0, 2.0, 2.0, 3.0, 400.0], dtype)
+    q2 = np.array([0.0, 1.0, 0.0, 2.0, 2.0, 5.0, 400.0], dtype)
+    c = np.array([0.0, 0.0, 0.0, 2.0, -2.0, 0.0, 399.0], dtype)
+    rule = polar_rule(lambda x: x / (1.0 + jax.numpy.abs(x)))
+    total = lambda *args: sum(jax.numpy.sum(a) for a in rule(*args))
+    with jax.enable_x64(dtype == np.float64):
+        values = jax.jit(rule)(c, q1, q2)
+        grads = jax.jit(jax.grad(total, argnums=(0, 1, 2)))(c, q1, q2)
+    assert all(np.isfinite(np.asarray(a)).all() for a in (*values, *grads))
 
 
 # ---------------------------------------------------------------- translations

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import InputError, UnsupportedLayerError
 from .kernel import Kernel, safe_reciprocal, safe_sqrt, variances
 from .layers import Layer
-from .piecewise import Pieces, piecewise_rule, quadrature_rule
+from .piecewise import Pieces, piecewise_rule, polar_rule, quadrature_rule
 from .quadrature import Corrected, Rule, corrected_rule, smooth_rule
 
 
@@ -52,12 +52,15 @@ def numerical_rule(fn: Callable[[jax.Array], jax.Array], kinks: Sequence[float] 
                    pieces: Pieces | None = None, corrected: Corrected | None = None) -> Rule:
     """The kernel rule of ``fn`` (see :func:`Numerical`): by its ``pieces`` where given (closed-form
     inner expectation, ``piecewise.py``), else as the smooth part plus a correction above a
-    threshold where ``corrected`` is given, else by quadrature split at its ``kinks``, else by the
-    smooth rule (``quadrature.py``)."""
+    threshold where ``corrected`` is given, else by quadrature in polar coordinates where its only
+    kink is at 0 (``polar_rule``), else by quadrature split at its ``kinks``, else by the smooth
+    rule (``quadrature.py``)."""
     if pieces is not None:
         return piecewise_rule(pieces)
     if corrected is not None:
         return corrected_rule(corrected)
+    if set(kinks) == {0.0}:
+        return polar_rule(fn)
     return quadrature_rule(fn, kinks) if kinks else smooth_rule(fn)
 
 
