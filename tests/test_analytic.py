@@ -105,23 +105,3 @@ def test_analytic_kernels_match_monte_carlo_of_wide_networks(widths, samples, pa
     k = ntbridge.kernel(model, x, parameterization=parameterization)
     assert_within_standard_error(nngp_samples, k.nngp, "NNGP")
     assert_within_standard_error(ntk_samples, k.ntk, f"NTK ({parameterization})")
-
-
-def test_row_blocks_give_the_whole_kernel(monkeypatch):
-    """by_row_blocks evaluates a fully-connected kernel by blocks of rows (8 of 64 here) with the
-    result of one evaluation, x2 given or not; training-mode Dropout (not pairwise) is never split."""
-    import jax
-    from ntbridge.converters import graph
-    g = ntbridge.convert(mlp(5, [16, 16], 2).double(), parameterization="ntk")
-    x1, x2 = np.random.default_rng(0).standard_normal((2, 64, 5))
-    with jax.enable_x64(True):
-        results = []
-        for block_bytes in (8 * 64 * 8, 2 ** 40):  # 8 rows of 64 float64 entries; all rows
-            monkeypatch.setattr(graph, "ROW_BLOCK_BYTES", block_bytes)
-            results.append([graph._analytic(g.network, x1, x2_, ("nngp", "ntk"))
-                            for x2_ in (x2, None)])
-    for blocked, whole in zip(*results):
-        for a, b in zip(blocked, whole):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-13, atol=0)
-    dropout = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 2))
-    assert not ntbridge.convert(dropout.train()).network.pairwise
