@@ -13,6 +13,8 @@ ntbridge / NT (the median over rounds of each side's best time).
 The floor: a memory-bound kernel must at least read and write, per layer, the arrays it keeps
 (NNGP and NTK, ``N1 N2`` entries times the spatial pairs they hold); the floor is those bytes
 divided by this machine's copy bandwidth (measured in the same process, a large array ``a + 1``).
+Each row also prints the tiles the planner chose, the memory one tile's program needs (XLA's
+analysis: arguments, outputs and temporaries), the planner's budget for it and the result's size.
 """
 
 from __future__ import annotations
@@ -63,11 +65,13 @@ else:
 t1, t2 = torch.from_numpy(x1), (torch.from_numpy(x2) if n2 else None)
 call = lambda: ntbridge.kernel(model, t1, t2, parameterization="ntk", **std)
 seconds = best(call, repeats)
-info = ntbridge.tiling.LAST_RUN
+run = ntbridge.tiling.LAST_RUN
+result = sum(k.nbytes for k in call())
 a = jax.numpy.ones((64 * 2 ** 20 // 4,), jax.numpy.float32)  # copy bandwidth, 256 MiB each way
 copy = jax.jit(lambda a: a + 1)
 bandwidth = 2 * a.nbytes / best(lambda: copy(a).block_until_ready(), 5)
-print(json.dumps({"seconds": seconds, "bandwidth": bandwidth, "tiles": str(info)}))
+print(json.dumps({"seconds": seconds, "bandwidth": bandwidth, "tiles": run.tiles,
+                  "peak": run.tile_bytes, "budget": run.budget, "result": result}))
 """
 NT_WORKLOAD = COMMON + """
 import jax
@@ -139,7 +143,10 @@ def main() -> None:
             r["bandwidth"] for r in ours)
         image = "" if name == "FC" else f" {size}x{size}x{channels}"
         label = f"{name}{image} {dtype} N={n1}{'x' + str(n2) if n2 else ''}"
-        detail = f"{seconds * 1e3:.1f} ms, floor {floor * 1e3:.1f} ms ({seconds / floor:.1f}x)"
+        mib = lambda key: f"{ours[0][key] / 2 ** 20:.0f} MiB"
+        detail = (f"{seconds * 1e3:.1f} ms, floor {floor * 1e3:.1f} ms ({seconds / floor:.1f}x), "
+                  f"{ours[0]['tiles']} tile(s) of peak {mib('peak')} (budget {mib('budget')}), "
+                  f"result {mib('result')}")
         if theirs:
             nt = statistics.median(r["seconds"] for r in theirs)
             print(f"{label + ' / NT':<52} {seconds / nt:>8.2f}x   {detail}, NT {nt * 1e3:.1f} ms;"

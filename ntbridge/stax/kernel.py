@@ -212,7 +212,7 @@ def symmetrize(a, perm: tuple[int, ...]):
     one side across rows, 5-8x slower on a large kernel); entry ``(i, j)`` and ``(j, i)`` are still
     the same sum, ``(a[i, j] + a[j, i]) / 2``."""
     if hasattr(a, "permute"):
-        return a.permute(perm).contiguous().add_(a).div_(2)
+        return (a.permute(perm).contiguous() + a).div_(2)
     return (a + jnp.transpose(a, perm)) / 2
 
 

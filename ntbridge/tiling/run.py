@@ -31,7 +31,9 @@ from . import distributed
 from .plan import MEMORY_FRACTION, Batching, Tiling
 from .stores import FileStore, MemoryStore, Perm, fingerprint
 
-LAST_RUN = threading.local()  # this thread's last compute(): .tiles (all) and .computed (by it)
+# this thread's last compute(): .tiles (all) and .computed (by it); its plan's .tile_bytes (one
+# tile program's memory, XLA's analysis) and .budget (the memory the plan allowed it)
+LAST_RUN = threading.local()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +160,7 @@ def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
                     f"disk tile by tile.")
             budget = free - (0 if opts.out is not None else result)
         if program.tile_bytes <= budget:
+            LAST_RUN.tile_bytes, LAST_RUN.budget = program.tile_bytes, budget
             return tiling, program
     count = len(tiling.devices(opts))
     raise MemoryBudgetError(
