@@ -78,3 +78,20 @@ def test_training_dropout_is_not_tiled_with_itself():
         ntbridge.nngp(model, x, batch_size=3)
     torch.testing.assert_close(ntbridge.nngp(model, x, y, batch_size=3),
                                ntbridge.nngp(model, x, y, batch_size=0))
+
+
+def test_gradients_through_blocks(monkeypatch):
+    """Gradients of a blocked kernel (x2 = None: blocks above the diagonal and their transposes)
+    equal those of the kernel in one piece."""
+    torch.manual_seed(0)
+    model = _cnn("GAP").double()
+    x = torch.randn(9, 2, 8, 8, dtype=torch.float64)
+    weights = torch.randn(9, 9, dtype=torch.float64)
+    grads = []
+    for block_bytes in (blocks.BLOCK_BYTES, 2 ** 40):  # blocks of 4 examples; one block
+        monkeypatch.setattr(blocks, "BLOCK_BYTES", block_bytes)
+        ntbridge.programs.clear()
+        x1 = x.clone().requires_grad_()
+        (ntbridge.ntk(model, x1) * weights).sum().backward()
+        grads.append(x1.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
