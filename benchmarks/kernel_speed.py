@@ -10,9 +10,11 @@ Neural Tangents in that interpreter (NHWC inputs, ``stax.Conv``/``Flatten``/``Gl
 for float64, its ``kernel_fn`` jitted), alternating with ntbridge's processes; the ratio is
 ntbridge / NT (the median over rounds of each side's best time).
 
-The floor: a memory-bound kernel must at least read and write, per layer, the arrays it keeps
-(NNGP and NTK, ``N1 N2`` entries times the spatial pairs they hold); the floor is those bytes
-divided by this machine's copy bandwidth (measured in the same process, a large array ``a + 1``).
+The floor: a memory-bound kernel computed layer by layer in main memory must at least read and
+write, per layer, the arrays it keeps (NNGP and NTK, ``N1 N2`` entries times the spatial pairs
+they hold); the floor is those bytes divided by this machine's copy bandwidth (measured in the same
+process, a large array ``a + 1``). Computed in blocks that stay in cache (``ntbridge.tiling.blocks``)
+a kernel can go below it.
 Each row also prints the tiles the planner chose, the memory one tile's program needs (XLA's
 analysis: arguments, outputs and temporaries), the planner's budget for it and the result's size.
 """
@@ -137,7 +139,10 @@ def main() -> None:
         for _ in range(args.rounds):
             ours.append(_child(sys.executable, WORKLOAD, spec))
             if args.nt_python:
-                theirs.append(_child(args.nt_python, NT_WORKLOAD, spec))
+                try:
+                    theirs.append(_child(args.nt_python, NT_WORKLOAD, spec))
+                except subprocess.CalledProcessError as e:  # e.g. killed for memory
+                    print(f"  (Neural Tangents' process failed: exit status {e.returncode})")
         seconds = statistics.median(r["seconds"] for r in ours)
         floor = floor_bytes(name, dtype, n1, n2, size) / statistics.median(
             r["bandwidth"] for r in ours)
