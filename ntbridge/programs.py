@@ -8,11 +8,14 @@ the first.
 
 Compiled programs also outlive the process: :func:`compile` keeps each executable XLA builds in a
 directory (by default ``$XDG_CACHE_HOME/ntbridge`` or ``~/.cache/ntbridge``; on macOS
-``~/Library/Caches/ntbridge``; on Windows ``%LOCALAPPDATA%\\ntbridge``), under a hash of the lowered
-program, the compiler options, the JAX version and the devices. A later process that needs the same
-program loads it instead of compiling it. ``NTBRIDGE_CACHE_DIR=path`` moves the directory;
-``NTBRIDGE_CACHE_DIR=off`` turns the disk cache off. Only ntbridge's own programs go there: JAX's
-configuration (including its own compilation cache) is not touched.
+``~/Library/Caches/ntbridge``; on Windows ``%LOCALAPPDATA%\\ntbridge``), under a hash of the
+program's key, ntbridge's source, the compiler options, the JAX version and the devices. A later
+process that needs the same program loads it instead of tracing, lowering and compiling it. A key
+that names something by identity (a user's module or function, whose repr may not say what it
+computes) cannot name it in another process: such programs are stored under a hash of the lowered
+program instead (so they are lowered, but not compiled, again). ``NTBRIDGE_CACHE_DIR=path`` moves
+the directory; ``NTBRIDGE_CACHE_DIR=off`` turns the disk cache off. Only ntbridge's own programs go
+there: JAX's configuration (including its own compilation cache) is not touched.
 
 Entries are written to a temporary file and renamed into place, so concurrent processes sharing the
 directory never read a partial entry; an entry that cannot be read is ignored and rewritten; a
@@ -22,13 +25,14 @@ private as your home directory (the default is).
 
 Example:
     >>> key = ProgramKey.of("tiles", ("analytic", graph.signature), (x1, x2))
-    >>> fn = cached(key, lambda: compile(jax.jit(f).lower(x1, x2), devices))
+    >>> fn = cached(key, lambda: compile(key, lambda: jax.jit(f).lower(x1, x2), devices))
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import os
 import pickle
@@ -138,17 +142,47 @@ def _warn_once(directory: Path, error: Exception) -> None:
                       f"directory, or NTBRIDGE_CACHE_DIR=off.", CacheWarning, stacklevel=4)
 
 
-def _entry_path(lowered: jax.stages.Lowered, options: dict, devices: Sequence) -> Path | None:
+_PLAIN = (str, bytes, int, float, complex, type(None))  # bool is an int
+
+
+def _text(value: Any) -> str | None:
+    """``value`` as text that names it alike in every process: plain values (strings, numbers,
+    None) in tuples, lists, sets and tree structures; None for anything else (see the module
+    doc)."""
+    if isinstance(value, (*_PLAIN, jax.tree_util.PyTreeDef)):
+        return repr(value)
+    if isinstance(value, (tuple, list, set, frozenset)):
+        parts = [_text(v) for v in value]
+        if None in parts:
+            return None
+        ordered = sorted(parts) if isinstance(value, (set, frozenset)) else parts
+        return f"{type(value).__name__}({', '.join(ordered)})"
+    return None
+
+
+@functools.cache
+def _source_digest() -> str:
+    """A hash of ntbridge's source files: an entry named by its key holds the program the code
+    that stored it traced."""
+    root = Path(__file__).parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _entry_path(name: str, options: dict, devices: Sequence) -> Path | None:
     directory = cache_dir()
     if directory is None:
         return None
     h = hashlib.sha256()
-    for part in (lowered.as_text(), sorted(options.items()), jax.__version__,
+    for part in (name, _source_digest(), sorted(options.items()), jax.__version__,
                  jax.lib.__version__ if hasattr(jax.lib, "__version__") else "",
                  [(d.platform, d.device_kind, d.id) for d in devices],
                  devices[0].client.platform_version):
         h.update(repr(part).encode())
-    return directory / f"v1-{h.hexdigest()}.xla"
+    return directory / f"v2-{h.hexdigest()}.xla"
 
 
 def _load(path: Path, devices: Sequence):
@@ -183,15 +217,23 @@ def _store(path: Path, compiled) -> None:
         _warn_once(path.parent, e)
 
 
-def compile(lowered: jax.stages.Lowered, devices: Sequence) -> jax.stages.Compiled:
-    """``lowered`` compiled for ``devices`` with ntbridge's compiler options, or loaded from the
-    disk cache when an earlier process compiled the same program (see the module doc)."""
+def compile(key: ProgramKey, lower: Callable[[], jax.stages.Lowered],
+            devices: Sequence) -> jax.stages.Compiled:
+    """The program ``key`` for ``devices``: loaded from the disk cache when an earlier process
+    compiled it, else ``lower()`` compiled with ntbridge's compiler options (and stored). A key
+    that names its program by value finds the entry without lowering it (see the module doc)."""
     platform = devices[0].platform
     options = compiler_options(platform)
-    path = _entry_path(lowered, options, devices)
+    name, lowered = _text((key.purpose, key.computation, key.arguments, key.x64, key.devices)), None
+    if name is None:  # the key holds an object known by identity: the program's text names it
+        lowered = lower()
+        name = lowered.as_text()
+    path = _entry_path(name, options, devices)
     compiled = None if path is None else _load(path, devices)
     if compiled is not None:
         return compiled
+    if lowered is None:
+        lowered = lower()
     try:
         compiled = lowered.compile(compiler_options=options or None)
     except RuntimeError:
@@ -199,7 +241,7 @@ def compile(lowered: jax.stages.Lowered, devices: Sequence) -> jax.stages.Compil
             raise
         compiled = lowered.compile()  # raises if the program itself is at fault
         reject_options(platform)  # an XLA without these (experimental) options
-        path = _entry_path(lowered, {}, devices)
+        path = _entry_path(name, {}, devices)
     if path is not None:
         _store(path, compiled)
     return compiled

@@ -14,7 +14,9 @@ import ntbridge
 from ntbridge import errors
 from ntbridge.dlpack import to_jax
 from ntbridge.stax import ab_relu_rule
-from ntbridge.stax.activations import erf_rule, gelu_rule, sign_rule, sin_rule
+from ntbridge.stax.activations import (ab_relu_self_rule, erf_rule, erf_self_rule, gelu_rule,
+                                       rectified_monomial_rule, rectified_monomial_self_rule,
+                                       sign_rule, sign_self_rule, sin_rule, sin_self_rule)
 from ntbridge.stax.piecewise import POLAR, polar_rule, radial_rule, tanh_sinh
 from ntbridge.stax.quadrature import smooth_rule
 
@@ -60,6 +62,32 @@ def test_smooth_closed_forms_match_float64_quadrature(name):
         nngp, dot = rule64(rule, c, q1, q2)
         np.testing.assert_allclose(nngp, gauss_hermite(f, q1, q2, c), rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(dot, gauss_hermite(df, q1, q2, c), rtol=1e-9, atol=1e-12)
+
+
+SELF_RULES = {
+    "relu": (ab_relu_rule(0.0, 1.0), ab_relu_self_rule(0.0, 1.0)),
+    "leaky": (ab_relu_rule(0.2, 1.0), ab_relu_self_rule(0.2, 1.0)),
+    "abs": (ab_relu_rule(-1.0, 1.0), ab_relu_self_rule(-1.0, 1.0)),
+    **{f"monomial{k}": (rectified_monomial_rule(k), rectified_monomial_self_rule(k))
+       for k in (1, 2, 3)},
+    "erf": (erf_rule(1.5, 0.7, 0.3), erf_self_rule(1.5, 0.7, 0.3)),
+    "sign": (sign_rule, sign_self_rule),
+    "sin": (sin_rule(1.2, 0.8, 0.3), sin_self_rule(1.2, 0.8, 0.3)),
+}
+
+
+@pytest.mark.parametrize("dtype,rtol", [("float32", 1e-5), ("float64", 1e-10)])
+@pytest.mark.parametrize("name", sorted(SELF_RULES))
+def test_self_rules_are_the_rules_at_cosine_one(name, dtype, rtol):
+    """A self rule equals its rule's NNGP at c = q1 = q2 = q, and its gradient is finite, down to
+    q = 0."""
+    rule, self_rule = SELF_RULES[name]
+    with jax.enable_x64(dtype == "float64"):
+        q = jax.numpy.asarray(np.concatenate([[0.0], np.logspace(-3, 1, 41)]), dtype)
+        own = self_rule(q)
+        assert own.dtype == q.dtype and own.shape == q.shape
+        np.testing.assert_allclose(np.asarray(own), np.asarray(rule(q, q, q)[0]), rtol=rtol, atol=0)
+        assert np.isfinite(np.asarray(jax.grad(lambda q: self_rule(q).sum())(q))).all()
 
 
 def test_leaky_relu_and_sign_match_independent_integrals():

@@ -50,9 +50,10 @@ def _check_uniform(model: nn.Module) -> None:
 
 def _signature_part(module: nn.Module):
     """A faithful hashable description of a module's architecture and mode."""
-    if type(module).__module__.startswith(("torch.nn", __name__)):
+    if (type(module).__module__.startswith(("torch.nn", __name__))
+            and find_converter(module).__module__.startswith(__name__)):
         return type(module).__name__, repr(module), module.training
-    return module  # a user's module: its repr may omit what matters, so key by identity
+    return module  # a user's module or converter: its repr may omit what matters, so by identity
 
 
 def convert(model: nn.Module, *, parameterization: str = "standard", init: str = "torch",
@@ -86,7 +87,7 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     else:
         nodes = [make_node(i, name, module, (i - 1,), options)
                  for i, (name, module) in enumerate(leaves)]
-    options.check_names([n.name for n in nodes if n.hyper])
+    options.check_names([n.name for n in nodes if "W_std" in n.hyper])
     with precision(model_dtype(model)):
         params = {key: to_jax(t, key) for key, t in module_tensors(nodes).items()}
     signature = (parameterization, tuple(

@@ -21,6 +21,7 @@ def _constant(t: torch.Tensor | None) -> float | None:
 @register(nn.LayerNorm)
 def _layer_norm(module: nn.LayerNorm, ctx: Context) -> stax.Layer:
     weight, bias = _constant(module.weight), _constant(module.bias)
+    ctx.hyper.update(weight=weight, bias=bias)  # the kernel depends on them: the signature has them
     layer = stax.LayerNorm(tuple(module.normalized_shape), module.eps, weight, bias)
     varies = [name for name, v in (("weight", weight), ("bias", bias)) if v is not None and v != v]
     if not varies:

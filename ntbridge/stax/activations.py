@@ -2,8 +2,11 @@
 
 A rule is ``rule(c, q1, q2) -> (E[f(u) f(v)], E[f'(u) f'(v)])`` for ``(u, v)`` centred Gaussian
 with variances ``q1``, ``q2`` and covariance ``c``; :func:`elementwise` applies it to every entry of
-the kernel (batch pairs and spatial pairs alike). The NTK picks up the derivative factor ``f'`` as
-autodiff sees it (zero where ``f`` is piecewise constant, as for ``sign``).
+the kernel (batch pairs and spatial pairs alike). A self rule is ``self_rule(q) -> E[f(u)^2]`` for
+``u`` of variance ``q``: the rule's NNGP at cosine 1 (``rule(q, q, q)[0]``) in closed form, for each
+example's own variances (a fraction of the rule's operations, which XLA compiles faster). The NTK
+picks up the derivative factor ``f'`` as autodiff sees it (zero where ``f`` is piecewise constant,
+as for ``sign``).
 
 Closed forms here: ABReLU (ReLU, LeakyReLU, Abs), GELU (erf form), Erf, Sign, Sin/Cos. Any other
 function goes through :func:`Numerical` (``piecewise.py``, ``quadrature.py``).
@@ -24,13 +27,20 @@ from .layers import Layer
 from .piecewise import Pieces, piecewise_rule, polar_rule, quadrature_rule
 from .quadrature import Corrected, Rule, corrected_rule, smooth_rule
 
+SelfRule = Callable[[jax.Array], jax.Array]
 
-def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str) -> Layer:
-    """A layer applying ``fn`` to each entry, with kernel rule ``rule`` (see module doc).
 
-    The rule needs Gaussian inputs: after a nonlinearity (e.g. ReLU after ReLU) it raises
-    :class:`~ntbridge.errors.UnsupportedLayerError`.
+def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
+                self_rule: SelfRule | None = None) -> Layer:
+    """A layer applying ``fn`` to each entry, with kernel rule ``rule`` and self rule ``self_rule``
+    (default: ``rule(q, q, q)[0]``), see the module doc.
+
+    The self rule gives each example's covariance with itself where it holds variances only
+    (vectors, or same-position covariances); with every pair of positions it has covariances of
+    distinct positions too, and ``rule`` gives it. The rule needs Gaussian inputs: after a
+    nonlinearity (e.g. ReLU after ReLU) it raises :class:`~ntbridge.errors.UnsupportedLayerError`.
     """
+    own = self_rule or (lambda q: rule(q, q, q)[0])
 
     def kernel_fn(k: Kernel) -> Kernel:
         if not k.is_gaussian:
@@ -40,10 +50,12 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str) -> 
                 f"affine layer before it, or use ntbridge.empirical_ntk / ntbridge.monte_carlo.")
         q = variances(k)
         nngp, dot = rule(k.nngp, *q["nngp"])
+        pairs = not k.diagonal_spatial and k.spatial_shape
+        covariance = lambda c, side: rule(c, *q[side])[0] if pairs else own(c)
+        cov1 = covariance(k.cov1, "cov1")
         return k.replace(
-            nngp=nngp, ntk=None if k.ntk is None else k.ntk * dot,
-            cov1=rule(k.cov1, *q["cov1"])[0], cov2=rule(k.cov2, *q["cov2"])[0],
-            is_gaussian=False)
+            nngp=nngp, ntk=None if k.ntk is None else k.ntk * dot, cov1=cov1,
+            cov2=cov1 if k.x1_is_x2 else covariance(k.cov2, "cov2"), is_gaussian=False)
 
     return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: fn(x), kernel_fn)
 
@@ -194,6 +206,11 @@ def ab_relu_rule(a: float, b: float) -> Rule:
     return rule
 
 
+def ab_relu_self_rule(a: float, b: float) -> SelfRule:
+    """Self rule of :func:`ab_relu_rule`: ``E[f(u)^2] = (a^2 + b^2) q / 2``."""
+    return lambda q: (a * a + b * b) / 2 * q
+
+
 def _arc_cosine(n: int, cos, sin, rest):
     """Cho & Saul's ``J_n(t)`` (``rest = pi - t``): ``E[relu(u)^n relu(v)^n] = (q1 q2)^(n/2)
     J_n(t) / (2 pi)``."""
@@ -212,6 +229,12 @@ def RectifiedMonomial(k: int) -> Layer:
     """
     if k not in (1, 2, 3):
         raise InputError(f"RectifiedMonomial supports k = 1, 2, 3, got {k!r}.")
+    return elementwise(lambda x: jnp.maximum(x, 0) ** k, rectified_monomial_rule(k),
+                       f"RectifiedMonomial({k})", rectified_monomial_self_rule(k))
+
+
+def rectified_monomial_rule(k: int) -> Rule:
+    """Rule of ``max(x, 0)^k`` (see :func:`RectifiedMonomial`)."""
 
     def rule(c, q1, q2):
         norm, cos = _cosine(c, q1, q2)
@@ -220,29 +243,38 @@ def RectifiedMonomial(k: int) -> Layer:
         dot = k * k * norm ** (k - 1) * _arc_cosine(k - 1, cos, sin, rest) / (2 * math.pi)
         return nngp, dot
 
-    return elementwise(lambda x: jnp.maximum(x, 0) ** k, rule, f"RectifiedMonomial({k})")
+    return rule
+
+
+def rectified_monomial_self_rule(k: int) -> SelfRule:
+    """Self rule of :func:`rectified_monomial_rule`: ``J_k`` at angle 0 (cosine 1, sine 0)."""
+    return lambda q: _arc_cosine(k, 1.0, 0.0, math.pi) / (2 * math.pi) * q ** k
+
+
+def _ab_relu(fn: Callable[[jax.Array], jax.Array], a: float, b: float, name: str) -> Layer:
+    """``fn``, which is ``a * min(x, 0) + b * max(x, 0)``, with its rule and self rule."""
+    return elementwise(fn, ab_relu_rule(a, b), name, ab_relu_self_rule(a, b))
 
 
 def ABRelu(a: float, b: float, name: str = "ABRelu") -> Layer:
     """``f(x) = a * min(x, 0) + b * max(x, 0)``: ReLU, LeakyReLU, Abs."""
-    return elementwise(lambda x: a * jnp.minimum(x, 0) + b * jnp.maximum(x, 0),
-                       ab_relu_rule(a, b), name)
+    return _ab_relu(lambda x: a * jnp.minimum(x, 0) + b * jnp.maximum(x, 0), a, b, name)
 
 
 def Relu() -> Layer:
     """torch's ``nn.ReLU``."""
-    return elementwise(jax.nn.relu, ab_relu_rule(0.0, 1.0), "ReLU")
+    return _ab_relu(jax.nn.relu, 0.0, 1.0, "ReLU")
 
 
 def LeakyRelu(negative_slope: float = 0.01) -> Layer:
     """torch's ``nn.LeakyReLU(negative_slope)``: ``x`` for ``x >= 0``, ``negative_slope * x`` below."""
-    return elementwise(lambda x: jnp.where(x >= 0, x, negative_slope * x),
-                       ab_relu_rule(negative_slope, 1.0), "LeakyReLU")
+    return _ab_relu(lambda x: jnp.where(x >= 0, x, negative_slope * x), negative_slope, 1.0,
+                    "LeakyReLU")
 
 
 def Abs() -> Layer:
     """``torch.abs``."""
-    return elementwise(jnp.abs, ab_relu_rule(-1.0, 1.0), "Abs")
+    return _ab_relu(jnp.abs, -1.0, 1.0, "Abs")
 
 
 def gelu_rule(c, q1, q2):
@@ -284,9 +316,15 @@ def erf_rule(a: float, b: float, c: float) -> Rule:
     return rule
 
 
+def erf_self_rule(a: float, b: float, c: float) -> SelfRule:
+    """Self rule of :func:`erf_rule`: ``a^2 (2/pi) arcsin(2 b^2 q / (1 + 2 b^2 q)) + c^2``."""
+    return lambda q: a * a * (2 / math.pi) * jnp.arcsin(2 * b * b * q / (1 + 2 * b * b * q)) + c * c
+
+
 def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
     """``a * erf(b * x) + c`` (``torch.special.erf`` with a=b=1, c=0)."""
-    return elementwise(lambda x: a * jax.scipy.special.erf(b * x) + c, erf_rule(a, b, c), "Erf")
+    return elementwise(lambda x: a * jax.scipy.special.erf(b * x) + c, erf_rule(a, b, c), "Erf",
+                       erf_self_rule(a, b, c))
 
 
 def sign_rule(c, q1, q2):
@@ -298,9 +336,14 @@ def sign_rule(c, q1, q2):
     return nngp, jnp.zeros_like(nngp)
 
 
+def sign_self_rule(q):
+    """Self rule of :func:`sign_rule`: ``E[sign(u)^2] = 1`` (0 for ``q = 0``)."""
+    return jnp.where(q > 0, 1.0, 0.0).astype(q.dtype)
+
+
 def Sign() -> Layer:
     """``torch.sign`` (no nn module): -1, 0 or 1."""
-    return elementwise(jnp.sign, sign_rule, "Sign")
+    return elementwise(jnp.sign, sign_rule, "Sign", sign_self_rule)
 
 
 def sin_rule(a: float, b: float, c: float) -> Rule:
@@ -315,11 +358,22 @@ def sin_rule(a: float, b: float, c: float) -> Rule:
     return rule
 
 
+def sin_self_rule(a: float, b: float, c: float) -> SelfRule:
+    """Self rule of :func:`sin_rule`: ``E[f^2] = a^2 / 2 (1 - exp(-2 b^2 q) cos 2c)``."""
+    return lambda q: a * a / 2 * (1 - jnp.exp(-2 * b * b * q) * math.cos(2 * c))
+
+
+def _sinusoid(fn: Callable[[jax.Array], jax.Array], a: float, b: float, c: float,
+              name: str) -> Layer:
+    """``fn``, which is ``a * sin(b * x + c)``, with its rule and self rule."""
+    return elementwise(fn, sin_rule(a, b, c), name, sin_self_rule(a, b, c))
+
+
 def Sin(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
     """``a * sin(b * x + c)``; ``Cos`` is ``Sin`` with ``c + pi / 2``."""
-    return elementwise(lambda x: a * jnp.sin(b * x + c), sin_rule(a, b, c), "Sin")
+    return _sinusoid(lambda x: a * jnp.sin(b * x + c), a, b, c, "Sin")
 
 
 def Cos(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
     """``a * cos(b * x + c)``."""
-    return elementwise(lambda x: a * jnp.cos(b * x + c), sin_rule(a, b, c + math.pi / 2), "Cos")
+    return _sinusoid(lambda x: a * jnp.cos(b * x + c), a, b, c + math.pi / 2, "Cos")

@@ -217,6 +217,8 @@ def symmetrize(a, perm: tuple[int, ...]):
 
 
 def map_arrays(k: Kernel, fn) -> Kernel:
-    """``k`` with ``fn(array, n_batch)`` applied to nngp, ntk (2 batch axes), cov1 and cov2 (1)."""
-    return k.replace(nngp=fn(k.nngp, 2), ntk=None if k.ntk is None else fn(k.ntk, 2),
-                     cov1=fn(k.cov1, 1), cov2=fn(k.cov2, 1))
+    """``k`` with ``fn(array, n_batch)`` applied to nngp, ntk (2 batch axes), cov1 and cov2 (1;
+    once when x2 is x1)."""
+    cov1 = fn(k.cov1, 1)
+    return k.replace(nngp=fn(k.nngp, 2), ntk=None if k.ntk is None else fn(k.ntk, 2), cov1=cov1,
+                     cov2=cov1 if k.x1_is_x2 else fn(k.cov2, 1))

@@ -129,7 +129,7 @@ def compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor) -> Pr
     key = programs.ProgramKey.of("tiles", (task.computation, tiling.symmetric, tiling.whole),
                                  arguments, devices)
     return programs.cached(key, lambda: _analysed(programs.compile(
-        _program(task, devices, tiling).lower(*arguments), devices)))
+        key, lambda: _program(task, devices, tiling).lower(*arguments), devices)))
 
 
 def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
