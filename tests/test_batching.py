@@ -202,11 +202,13 @@ def test_cpu_compiler_options_keep_convolutions_off_ynnpack(monkeypatch):
     x, w = jax.numpy.ones((2, 8, 8, 32)), jax.numpy.ones((3, 3, 32, 32))
     cpu = jax.devices("cpu")[:1]
     assert devices.compiler_options("cpu") == devices.CPU_COMPILER_OPTIONS
-    assert "ynn_fusion" not in programs.compile(conv.lower(x, w), cpu).as_text()
+    key = programs.ProgramKey.of("test", "a convolution", (x, w), cpu)
+    lower = lambda: conv.lower(x, w)
+    assert "ynn_fusion" not in programs.compile(key, lower, cpu).as_text()
     assert devices.compiler_options("gpu") == {}
     monkeypatch.setattr(devices, "CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": "1"})
     monkeypatch.setattr(devices, "_REJECTED", set())  # restored untouched afterwards
     assert devices.compiler_options("cpu") == {"xla_cpu_no_such_option": "1"}
-    compiled = programs.compile(conv.lower(x, w), cpu)
+    compiled = programs.compile(key, lower, cpu)
     np.testing.assert_array_equal(compiled(x, w), conv(x, w))
     assert devices.compiler_options("cpu") == {}
