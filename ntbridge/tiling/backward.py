@@ -50,7 +50,7 @@ def _program(task: Task, tiling: Tiling, devices: list, tracked: tuple[int, ...]
 def _compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor,
               tracked: tuple[int, ...], wrt: tuple[bool, bool], forward):
     devices = tiling.devices(opts)
-    arguments = (*abstract_arguments(task, tiling, devices, x1), forward.executable.out_info[0])
+    arguments = (*abstract_arguments(task, tiling, devices, x1), forward.executable.out_info)
     key = programs.ProgramKey.of("tile vjp", (task.computation, tiling.symmetric, tiling.whole,
                                               tracked, wrt), arguments, devices)
     return programs.cached(key, lambda: programs.compile(
@@ -104,7 +104,7 @@ def vjp(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batching,
         cts = [stack([_cotangent(g.to(x1.device), tiling, i, j, task.perm) for i, j in group],
                      sharding, devices) for g in grads]
         out = program(args, *tile_inputs(x1, xb, tiling, group, sharding, devices),
-                      jax.tree.unflatten(jax.tree.structure(forward.executable.out_info[0]), cts))
+                      jax.tree.unflatten(jax.tree.structure(forward.executable.out_info), cts))
         blocks = {name: [per_device(leaf) for leaf in jax.tree.leaves(part)]
                   for name, part in out.items()}
         for k, (i, j) in enumerate(group):

@@ -75,11 +75,13 @@ def in_blocks(fn: TileFn, pair_bytes: Callable[[jax.Array], int],
         out = jax.lax.map(lambda ij: fn(args, b1[ij[0]], b2[ij[1]]), (rows, cols))
 
         def grid(leaf):  # (pairs, s, s, ...) -> (n1, n2, ...)
-            g = jnp.zeros((nb1, nb2, *leaf.shape[1:]), leaf.dtype)
-            if a2 is None:
-                swap = (0, *(p + 1 for p in perm(leaf.ndim - 1)))
-                g = g.at[cols, rows].set(jnp.transpose(leaf, swap))
-            return _assemble(g.at[rows, cols].set(leaf), n1, n2)
+            if a2 is not None:
+                return _assemble(leaf.reshape(nb1, nb2, *leaf.shape[1:]), n1, n2)
+            index = np.zeros((nb1, nb1), int)  # block (i, j) is pair index[i, j], transposed below
+            index[rows, cols] = index[cols, rows] = np.arange(len(rows))
+            swap = (0, *(p + 1 for p in perm(leaf.ndim - 1)))
+            below = (np.arange(nb1)[:, None] > np.arange(nb1)).reshape(nb1, nb1, *[1] * (leaf.ndim - 1))
+            return _assemble(jnp.where(below, jnp.transpose(leaf, swap)[index], leaf[index]), n1, n2)
 
         return jax.tree.map(grid, out)
 
