@@ -113,7 +113,7 @@ TARGETS = {"FC": 0.5, "CNN Flatten": 0.5, "CNN GAP": 0.3}
 def floor_bytes(name: str, dtype: str, n1: int, n2: int, size: int) -> int:
     """Bytes the kernel must read and write per layer: NNGP and NTK of every layer's output."""
     pairs = n1 * (n2 or n1) * (1 if name == "FC" else size ** 2 if name == "CNN Flatten" else size ** 4)
-    layers = 4 if name == "FC" else 4  # three hidden layers (affine + ReLU fused) and the readout
+    layers = 4  # three hidden layers (affine and ReLU in one pass) and the readout
     return 2 * 2 * pairs * layers * (4 if dtype == "float32" else 8)
 
 
@@ -131,16 +131,22 @@ def main() -> None:
     parser.add_argument("--only", default="", help="the rows whose label contains this")
     args = parser.parse_args()
     print(f"{'benchmark':<52} {'ratio':>9}   detail")
-    for spec in QUICK_ROWS if args.quick else ROWS:
-        if args.only not in " ".join(map(str, spec)):
+    rows(args.nt_python, args.rounds, args.quick, args.only)
+
+
+def rows(nt_python: str | None = None, rounds: int = 1, quick: bool = False,
+         only: str = "") -> None:
+    """Every row of this file whose spec contains ``only`` (``run.py`` calls it)."""
+    for spec in QUICK_ROWS if quick else ROWS:
+        if only not in " ".join(map(str, spec)):
             continue
         name, dtype, n1, n2, size, channels = spec
         ours, theirs = [], []
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             ours.append(_child(sys.executable, WORKLOAD, spec))
-            if args.nt_python:
+            if nt_python:
                 try:
-                    theirs.append(_child(args.nt_python, NT_WORKLOAD, spec))
+                    theirs.append(_child(nt_python, NT_WORKLOAD, spec))
                 except subprocess.CalledProcessError as e:  # e.g. killed for memory
                     print(f"  (Neural Tangents' process failed: exit status {e.returncode})")
         seconds = statistics.median(r["seconds"] for r in ours)

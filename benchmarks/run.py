@@ -3,7 +3,9 @@
 Run: python benchmarks/run.py [--quick] [--empirical-only] [--device cuda] [--nt-python PATH]
 
 First calls (compilations, an empty vs a warm compilation cache, Neural Tangents' first call with
-``--nt-python``) and the command line's start-up come from ``first_call.py``, in fresh processes.
+``--nt-python``) and the command line's start-up come from ``first_call.py``, in fresh processes;
+the analytic kernels at the sizes users run, against Neural Tangents with ``--nt-python``, from
+``kernel_speed.py`` (fresh processes too).
 
 JAX sees one CPU device, as in a user's process; the device-scaling rows run in a child process
 with four CPU devices (sharing the cores).
@@ -27,6 +29,7 @@ from ntbridge.dlpack import shares_memory, to_jax, to_torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import first_call  # noqa: E402  (this folder's first-call rows)
+import kernel_speed  # noqa: E402  (the analytic kernels against Neural Tangents)
 from first_call import row  # noqa: E402
 
 
@@ -356,6 +359,7 @@ def main() -> None:
         cpu_convolution(50 if args.quick else 250)
     if not args.empirical_only:
         first_call.rows(1 if args.quick else 3, args.nt_python)
+        kernel_speed.rows(args.nt_python, quick=args.quick)
         analytic_rows(n, args.quick)
     empirical_wide_mlp(64 if args.quick else 256, repeats, args.device)
     empirical_cnn(repeats, args.device)
