@@ -58,7 +58,8 @@ def in_blocks(fn: TileFn, pair_bytes: Callable[[jax.Array], int],
 
     Example:
         >>> fn = lambda args, a1, a2: a1 @ (a1 if a2 is None else a2).T
-        >>> tile = in_blocks(fn, lambda a1: 2 ** 20, lambda ndim: (1, 0))(None, jnp.ones((5, 3)), None)
+        >>> blocked = in_blocks(fn, lambda a1: 2 ** 20, lambda ndim: (1, 0))
+        >>> tile = blocked(None, jnp.ones((5, 3)), None)
         >>> tile.shape
         (5, 5)
     """
@@ -79,9 +80,9 @@ def in_blocks(fn: TileFn, pair_bytes: Callable[[jax.Array], int],
                 return _assemble(leaf.reshape(nb1, nb2, *leaf.shape[1:]), n1, n2)
             index = np.zeros((nb1, nb1), int)  # block (i, j) is pair index[i, j], transposed below
             index[rows, cols] = index[cols, rows] = np.arange(len(rows))
-            swap = (0, *(p + 1 for p in perm(leaf.ndim - 1)))
-            below = (np.arange(nb1)[:, None] > np.arange(nb1)).reshape(nb1, nb1, *[1] * (leaf.ndim - 1))
-            return _assemble(jnp.where(below, jnp.transpose(leaf, swap)[index], leaf[index]), n1, n2)
+            swapped = jnp.transpose(leaf, (0, *(p + 1 for p in perm(leaf.ndim - 1))))
+            below = np.tril(np.ones((nb1, nb1), bool), -1).reshape(nb1, nb1, *[1] * (leaf.ndim - 1))
+            return _assemble(jnp.where(below, swapped[index], leaf[index]), n1, n2)
 
         return jax.tree.map(grid, out)
 
