@@ -44,6 +44,7 @@ from torch import nn
 
 from .api import empirical_ntk
 from .converters import Graph
+from .devices import platform_of
 from .empirical.reinit import sample_seed
 from .errors import InputError, InputTypeError
 from .pipeline import Request, run
@@ -263,7 +264,7 @@ def _analytic(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, param
     def task(graph, x1, x2):
         graph.check_init()
         if not _is_chain(graph):
-            return graph.analytic_task(("nngp", "ntk")), None
+            return graph.analytic_task(("nngp", "ntk"), platform_of(x1)), None
         owners = tuple(n.index for n in graph.layers if n.param_names)
         return Task(("analytic_by_layer", graph.signature, owners), _suffix_fn(graph, owners),
                     graph.perm, pairwise=graph.network.pairwise), owners

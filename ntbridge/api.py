@@ -69,7 +69,7 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
 
     def task(graph, x1, x2):
         graph.check_init()
-        return graph.analytic_task(get, blocks=platform_of(x1) == "cpu"), None
+        return graph.analytic_task(get, platform_of(x1)), None
 
     result, _, _ = run(Request(model, x1, x2, task,
                                Batching(batch_size, device_count, store_on_device, progress, out),

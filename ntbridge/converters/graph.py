@@ -230,12 +230,13 @@ class Graph:
         return swap_perm(ndim, not self.network.full_spatial)
 
     def analytic_task(self, get: str | tuple[str, ...] = KERNEL_NAMES,
-                      blocks: bool = False) -> Task:
-        """The infinite-width kernels ``get`` as a task for :func:`ntbridge.tiling.compute`; with
-        ``blocks`` (on CPUs), each tile computed in blocks that stay in cache
+                      platform: str | None = None) -> Task:
+        """The infinite-width kernels ``get`` as a task for :func:`ntbridge.tiling.compute` on
+        ``platform`` (the inputs'): on CPUs, each tile is computed in blocks that stay in cache
         (:func:`ntbridge.tiling.blocks.in_blocks`)."""
         fn = lambda args, x1, x2: _analytic(self.network, x1, x2, get)
-        if blocks and self.network.pairwise:
+        blocks = platform == "cpu" and self.network.pairwise
+        if blocks:
             power = 2 if self.network.full_spatial else 1  # pairs of positions, or positions
             fn = in_blocks(fn, lambda a1: a1.dtype.itemsize * math.prod(a1.shape[2:]) ** power,
                            self.perm)

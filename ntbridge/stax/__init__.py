@@ -19,5 +19,6 @@ from .reshape import Flatten, Unflatten
 __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "BatchNorm", "Conv",
            "Cos", "Dense", "Dropout", "Erf", "FanInConcat", "FanInSum", "FanOut", "Flatten", "Gelu",
            "INPUT", "Identity", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "MaxPool", "Numerical",
-           "Outer", "Piece", "Pieces", "PARAMETERIZATIONS", "RectifiedMonomial", "Relu", "Scale", "Sign", "Sin", "Unflatten",
+           "Outer", "Piece", "Pieces", "PARAMETERIZATIONS", "RectifiedMonomial", "Relu", "Scale",
+           "Sign", "Sin", "Unflatten",
            "ab_relu_rule", "dag", "elementwise", "input_kernel", "parallel", "serial"]

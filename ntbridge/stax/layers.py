@@ -14,7 +14,8 @@ A layer is a tiny stax triple plus what it requires of its input kernel:
   pooling), so the layer's VJP is the same at every input; the ``"structured"`` strategy takes the
   VJP of a network's affine last layers once for all examples.
 * ``pairwise``: the kernel of each pair of examples depends on that pair alone, not on whether x2
-  is x1 (all but training-mode Dropout), so a kernel can be computed by blocks of rows.
+  is x1 (all but training-mode Dropout), so a kernel of x1 with itself can be computed in tiles
+  and blocks of examples.
 """
 
 from __future__ import annotations
