@@ -241,7 +241,7 @@ class Graph:
             fn = in_blocks(fn, lambda a1: a1.dtype.itemsize * math.prod(a1.shape[2:]) ** power,
                            self.perm)
         return Task(("analytic", self.signature, get, blocks), fn, self.perm,
-                    pairwise=self.network.pairwise)
+                    pairwise=self.network.pairwise, exactly_symmetric=blocks)
 
     def kernel_fn(self, x1: jax.Array, x2: jax.Array | None = None,
                   get: str | tuple[str, ...] = KERNEL_NAMES):

@@ -7,7 +7,8 @@ the cache, each pass goes to main memory. :func:`in_blocks` computes the tile in
 of examples whose arrays fit in :data:`BLOCK_BYTES`, one after another inside the tile's program
 (``lax.map``), so the passes stay in cache. Each block recomputes the per-example covariances of its
 examples, ``2 / s`` of the pairs' work. With x2 = x1 only the blocks on and above the diagonal are
-computed; the others are their transposes.
+computed; the others are their transposes, and the diagonal blocks are symmetrized, so the tile is
+exactly symmetric.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ..stax.kernel import symmetrize
 
 BLOCK_BYTES = 2 ** 21  # one block's arrays: a core's L2 cache or two (1 to 4 MiB measured best)
 LIVE_ARRAYS = 4  # kernel arrays alive at once in a layer's rule (NNGP, NTK, their inputs)
@@ -53,8 +56,9 @@ def in_blocks(fn: TileFn, pair_bytes: Callable[[jax.Array], int],
               perm: Callable[[int], tuple[int, ...]]) -> TileFn:
     """``fn(args, a1, a2)`` (a tile's kernel, ``(b1, b2, ...)`` leaves) computed in blocks of
     :func:`block_size` examples, ``pair_bytes(a1)`` bytes per pair; ``perm(ndim)`` exchanges x1
-    and x2 in a leaf (with ``a2=None`` the blocks below the diagonal are the transposes of those
-    above). Tiles no larger than a block are computed as they are.
+    and x2 in a leaf. With ``a2=None`` the blocks below the diagonal are the transposes of those
+    above and the diagonal blocks are symmetrized: the tile is exactly symmetric. Tiles no larger
+    than a block are computed as they are (and symmetrized with ``a2=None``).
 
     Example:
         >>> fn = lambda args, a1, a2: a1 @ (a1 if a2 is None else a2).T
@@ -68,7 +72,11 @@ def in_blocks(fn: TileFn, pair_bytes: Callable[[jax.Array], int],
         size = block_size(pair_bytes(a1))
         n1, n2 = a1.shape[0], (a1 if a2 is None else a2).shape[0]
         if max(n1, n2) <= size:
-            return fn(args, a1, a2)
+            out = fn(args, a1, a2)
+            # symmetrized from a materialized copy (the barrier), so entries (i, j) and (j, i)
+            # are the same sum of the same two stored values: exactly symmetric
+            return out if a2 is not None else jax.tree.map(
+                lambda a: symmetrize(jax.lax.optimization_barrier(a), perm(a.ndim)), out)
         b1 = _blocks(a1, size)
         b2 = b1 if a2 is None else _blocks(a2, size)
         nb1, nb2 = b1.shape[0], b2.shape[0]
@@ -80,9 +88,13 @@ def in_blocks(fn: TileFn, pair_bytes: Callable[[jax.Array], int],
                 return _assemble(leaf.reshape(nb1, nb2, *leaf.shape[1:]), n1, n2)
             index = np.zeros((nb1, nb1), int)  # block (i, j) is pair index[i, j], transposed below
             index[rows, cols] = index[cols, rows] = np.arange(len(rows))
-            swapped = jnp.transpose(leaf, (0, *(p + 1 for p in perm(leaf.ndim - 1))))
-            below = np.tril(np.ones((nb1, nb1), bool), -1).reshape(nb1, nb1, *[1] * (leaf.ndim - 1))
-            return _assemble(jnp.where(below, swapped[index], leaf[index]), n1, n2)
+            swap = (0, *(p + 1 for p in perm(leaf.ndim - 1)))
+            per_block = lambda mask: mask.reshape(nb1, nb1, *[1] * (leaf.ndim - 1))
+            below = per_block(np.tril(np.ones((nb1, nb1), bool), -1))
+            diagonal = per_block(np.eye(nb1, dtype=bool))
+            swapped = jnp.transpose(leaf, swap)
+            upper = jnp.where(diagonal, symmetrize(leaf, swap)[index], leaf[index])
+            return _assemble(jnp.where(below, swapped[index], upper), n1, n2)
 
         return jax.tree.map(grid, out)
 

@@ -2,9 +2,9 @@
 
 The program of a :class:`Task` takes a stack of tiles (one per device) and returns, per tile, the
 kernel's leaves (checked finite in torch). The tiles on the diagonal of a kernel with x2 = x1 are
-symmetrized after it, in torch (``ntbridge.stax.kernel.symmetrize``: exactly). Everything around the
-program is torch (slicing and padding the inputs, assembling the result), so a request dispatches
-no JAX work besides its programs.
+symmetrized after it, in torch (``ntbridge.stax.kernel.symmetrize``: exactly), unless the program
+did it. Everything around the program is torch (slicing and padding the inputs, assembling the
+result), so a request dispatches no JAX work besides its programs.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ class Task:
       pairwise: whether each pair's entry depends on that pair alone; if not (training-mode
         Dropout: an example with itself differs from two equal examples), a kernel with x2 = x1
         is computed as one tile.
+      exactly_symmetric: whether ``fn(args, a1, None)`` is already exactly symmetric (a whole
+        symmetric kernel in one tile is then not symmetrized again).
     """
 
     computation: Hashable
@@ -56,6 +58,7 @@ class Task:
     perm: Perm = dataclasses.field(compare=False)
     args: Any = dataclasses.field(default=None, compare=False)
     pairwise: bool = dataclasses.field(default=True, compare=False)
+    exactly_symmetric: bool = dataclasses.field(default=False, compare=False)
 
 
 def tile_fn(task: Task, tiling: Tiling) -> Callable:
@@ -223,6 +226,7 @@ def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batchin
     symmetric, xb = x2 is None, x1 if x2 is None else x2
     n1, n2 = x1.shape[0], xb.shape[0]
     tiling, program = plan(task, x1, n2, symmetric, opts)
+    symmetrized = tiling.symmetric and not (tiling.whole and task.exactly_symmetric)
     leaves, treedef = jax.tree.flatten(program.executable.out_info)
     shapes = [(n1, n2, *leaf.shape[3:]) for leaf in leaves]
     dtypes = [getattr(torch, str(leaf.dtype)) for leaf in leaves]
@@ -253,7 +257,7 @@ def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batchin
             rows, cols = tiling.rows(i), tiling.cols(j)
             tile = [b[k][:rows.stop - rows.start, :cols.stop - cols.start] for b in blocks]
             _check_finite(tile, rows, cols)
-            if tiling.symmetric and i == j:
+            if symmetrized and i == j:
                 tile = [symmetrize(leaf, task.perm(leaf.ndim)) for leaf in tile]
             store.put(i, j, tile)
             computed[i, j] = tile
