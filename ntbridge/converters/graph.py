@@ -18,7 +18,7 @@ from ..errors import InitMismatchWarning, InputError, NtbridgeError, Unsupported
 from ..stax import INPUT, Kernel, Layer, dag, input_kernel
 from ..stax.kernel import swap_perm, symmetrize
 from ..tiling import Task
-from ..tiling.blocks import in_blocks
+from ..tiling.blocks import in_blocks, splits
 from .registry import Context, Options, find_converter, init_mismatch, supported_types
 
 Params = dict[str, jax.Array]
@@ -236,12 +236,12 @@ class Graph:
         (:func:`ntbridge.tiling.blocks.in_blocks`)."""
         fn = lambda args, x1, x2: _analytic(self.network, x1, x2, get)
         blocks = platform == "cpu" and self.network.pairwise
-        if blocks:
-            power = 2 if self.network.full_spatial else 1  # pairs of positions, or positions
-            fn = in_blocks(fn, lambda a1: a1.dtype.itemsize * math.prod(a1.shape[2:]) ** power,
-                           self.perm)
-        return Task(("analytic", self.signature, get, blocks), fn, self.perm,
-                    pairwise=self.network.pairwise, exactly_symmetric=blocks)
+        power = 2 if self.network.full_spatial else 1  # pairs of positions, or positions
+        pair_bytes = lambda a1: a1.dtype.itemsize * math.prod(a1.shape[2:]) ** power
+        return Task(("analytic", self.signature, get, blocks),
+                    in_blocks(fn, pair_bytes, self.perm) if blocks else fn, self.perm,
+                    pairwise=self.network.pairwise,
+                    exactly_symmetric=lambda a1: blocks and splits(a1, None, pair_bytes))
 
     def kernel_fn(self, x1: jax.Array, x2: jax.Array | None = None,
                   get: str | tuple[str, ...] = KERNEL_NAMES):

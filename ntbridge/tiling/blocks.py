@@ -52,13 +52,20 @@ def _assemble(grid: jax.Array, n1: int, n2: int) -> jax.Array:
     return tile[:n1, :n2]
 
 
+def splits(a1: jax.Array, a2: jax.Array | None, pair_bytes: Callable[[jax.Array], int]) -> bool:
+    """Whether :func:`in_blocks` computes the tile ``a1`` (x ``a2``; shapes and dtypes suffice)
+    in more than one block."""
+    return max(a1.shape[0], (a1 if a2 is None else a2).shape[0]) > block_size(pair_bytes(a1))
+
+
 def in_blocks(fn: TileFn, pair_bytes: Callable[[jax.Array], int],
               perm: Callable[[int], tuple[int, ...]]) -> TileFn:
     """``fn(args, a1, a2)`` (a tile's kernel, ``(b1, b2, ...)`` leaves) computed in blocks of
     :func:`block_size` examples, ``pair_bytes(a1)`` bytes per pair; ``perm(ndim)`` exchanges x1
-    and x2 in a leaf. With ``a2=None`` the blocks below the diagonal are the transposes of those
-    above and the diagonal blocks are symmetrized: the tile is exactly symmetric. Tiles no larger
-    than a block are computed as they are (and symmetrized with ``a2=None``).
+    and x2 in a leaf. Tiles no larger than a block are computed as they are; others (see
+    :func:`splits`) with ``a2=None`` come out exactly symmetric: the blocks below the diagonal are
+    the transposes of those above, and the diagonal blocks are symmetrized after the loop, from its
+    stored output (XLA cannot fuse the two sides' computations into one expression).
 
     Example:
         >>> fn = lambda args, a1, a2: a1 @ (a1 if a2 is None else a2).T
@@ -71,12 +78,8 @@ def in_blocks(fn: TileFn, pair_bytes: Callable[[jax.Array], int],
     def blocked(args, a1, a2):
         size = block_size(pair_bytes(a1))
         n1, n2 = a1.shape[0], (a1 if a2 is None else a2).shape[0]
-        if max(n1, n2) <= size:
-            out = fn(args, a1, a2)
-            # symmetrized from a materialized copy (the barrier), so entries (i, j) and (j, i)
-            # are the same sum of the same two stored values: exactly symmetric
-            return out if a2 is not None else jax.tree.map(
-                lambda a: symmetrize(jax.lax.optimization_barrier(a), perm(a.ndim)), out)
+        if not splits(a1, a2, pair_bytes):
+            return fn(args, a1, a2)
         b1 = _blocks(a1, size)
         b2 = b1 if a2 is None else _blocks(a2, size)
         nb1, nb2 = b1.shape[0], b2.shape[0]

@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .. import programs
 from ..devices import free_bytes
-from ..dlpack import abstract, to_jax, to_torch
+from ..dlpack import abstract, all_finite, to_jax, to_torch
 from ..errors import InputError, MemoryBudgetError
 from ..stax.kernel import symmetrize
 from . import distributed
@@ -49,8 +49,9 @@ class Task:
       pairwise: whether each pair's entry depends on that pair alone; if not (training-mode
         Dropout: an example with itself differs from two equal examples), a kernel with x2 = x1
         is computed as one tile.
-      exactly_symmetric: whether ``fn(args, a1, None)`` is already exactly symmetric (a whole
-        symmetric kernel in one tile is then not symmetrized again).
+      exactly_symmetric: ``exactly_symmetric(a1)``, whether ``fn(args, a1, None)`` of a tile like
+        ``a1`` (a shape and dtype) is already exactly symmetric; such a whole symmetric kernel in
+        one tile is not symmetrized again.
     """
 
     computation: Hashable
@@ -58,7 +59,8 @@ class Task:
     perm: Perm = dataclasses.field(compare=False)
     args: Any = dataclasses.field(default=None, compare=False)
     pairwise: bool = dataclasses.field(default=True, compare=False)
-    exactly_symmetric: bool = dataclasses.field(default=False, compare=False)
+    exactly_symmetric: Callable[[jax.ShapeDtypeStruct], bool] = dataclasses.field(
+        default=lambda a1: False, compare=False)
 
 
 def tile_fn(task: Task, tiling: Tiling) -> Callable:
@@ -205,9 +207,8 @@ def per_device(leaf: jax.Array) -> list[torch.Tensor]:
 
 
 def _check_finite(tile: list[torch.Tensor], rows: slice, cols: slice) -> None:
-    """Raise InputError unless every entry of the tile's leaves is finite (a finite sum says so
-    at the cost of one reduction; else each entry is checked: the sum may have overflowed)."""
-    if not all(torch.isfinite(t.sum()) or torch.isfinite(t).all() for t in tile):
+    """Raise InputError unless every entry of the tile's leaves is finite."""
+    if not all(all_finite(t) for t in tile):
         dtype = str(tile[0].dtype).removeprefix("torch.")
         raise InputError(
             f"kernel entries [{rows.start}:{rows.stop}, {cols.start}:{cols.stop}] are not finite "
@@ -226,7 +227,7 @@ def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batchin
     symmetric, xb = x2 is None, x1 if x2 is None else x2
     n1, n2 = x1.shape[0], xb.shape[0]
     tiling, program = plan(task, x1, n2, symmetric, opts)
-    symmetrized = tiling.symmetric and not (tiling.whole and task.exactly_symmetric)
+    symmetrized = tiling.symmetric and not (tiling.whole and task.exactly_symmetric(abstract(x1)))
     leaves, treedef = jax.tree.flatten(program.executable.out_info)
     shapes = [(n1, n2, *leaf.shape[3:]) for leaf in leaves]
     dtypes = [getattr(torch, str(leaf.dtype)) for leaf in leaves]
