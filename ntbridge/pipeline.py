@@ -31,7 +31,7 @@ from . import gradients
 from .converters import Graph, convert
 from .converters.translated import TranslatedGraph, empirical_graph
 from .devices import platform_of
-from .dlpack import check_device, kernel_dtype, model_dtype, precision
+from .dlpack import all_finite, check_device, kernel_dtype, model_dtype, precision
 from .errors import InputError, InputTypeError, ShapeError
 from .tiling import Batching, Task
 
@@ -95,7 +95,7 @@ def validate(x1: torch.Tensor, x2: torch.Tensor | None,
         if x.numel() == 0:
             raise ShapeError(f"{name} has zero-size examples (shape {tuple(x.shape)}); every "
                              f"example needs at least one entry.")
-        if not bool(torch.isfinite(x).all()):
+        if not all_finite(x):
             raise InputError(f"{name} contains NaN or Inf; kernels of non-finite inputs are "
                              f"undefined. Clean the data first (e.g. torch.nan_to_num, or drop those "
                              f"examples).")
