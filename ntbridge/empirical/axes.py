@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import InputError
+from ..stax.kernel import symmetrize
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -82,6 +83,11 @@ class Axes:
         for j, i in enumerate(paired):
             perm[2 + i], perm[2 + len(kept) + j] = perm[2 + len(kept) + j], perm[2 + i]
         return tuple(perm)
+
+    def symmetrized(self, k, x2):
+        """The kernel(s) ``k``, symmetrized op by op (so exactly) when ``x2`` is None."""
+        return jax.tree.map(lambda a: a if x2 is not None else symmetrize(a, self.swap_perm(a.ndim)),
+                            k)
 
 
 def contract_subscripts(rest_ndim: int, axes: Axes) -> str:

@@ -13,7 +13,6 @@ from .. import programs
 from ..devices import platform_of
 from ..errors import InputError
 from ..options import IMPLEMENTATIONS, STRATEGIES
-from ..stax.kernel import symmetrize
 from .axes import Axes
 from .jacobian import jacobian_strategy
 from .ntvp import ntvp_strategy
@@ -118,11 +117,6 @@ def _identity(model) -> Any:
     return getattr(model, "signature", None) or model.apply_fn
 
 
-def _symmetric(k: Any, x2, axes: Axes) -> Any:
-    """The kernel(s) ``k``, symmetrized op by op (so exactly) when ``x2`` is None."""
-    return jax.tree.map(lambda a: a if x2 is not None else symmetrize(a, axes.swap_perm(a.ndim)), k)
-
-
 class _Dispatch:
     """``fn(params, x1, x2=None, *, trace_axes, diagonal_axes, by_layer, return_info)``: compiles
     the requested strategy (or auto's choice) once per shape signature."""
@@ -206,7 +200,7 @@ class _Dispatch:
                                                  state=state)
         key = programs.ProgramKey.of("empirical_ntk_fn", computation, ((params, state), x1, x2))
         k = programs.cached(key, lambda: jax.jit(run))((params, state), x1, x2)
-        k = _symmetric(k, x2, axes)
+        k = axes.symmetrized(k, x2)
         return (k, info) if return_info else k
 
 

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 
 from .. import programs
 from .axes import Axes, contract
-from .choose import _symmetric
 
 
 def outputs_product(apply_fn: Callable, interact: bool) -> Callable:
@@ -41,6 +40,6 @@ def empirical_nngp_fn(apply_fn: Callable[[Any, jax.Array], jax.Array], *,
         key = programs.ProgramKey.of("empirical_nngp_fn", (apply_fn, examples_interact, axes),
                                      (params, x1, x2))
         run = programs.cached(key, lambda: jax.jit(nngp, static_argnums=3))
-        return _symmetric(run(params, x1, x2, axes), x2, axes)
+        return axes.symmetrized(run(params, x1, x2, axes), x2)
 
     return fn
