@@ -1,13 +1,17 @@
 """Tiles computed in cache-sized blocks (ntbridge.tiling.blocks) equal the kernel in one piece."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import ntbridge
+from ntbridge import stax
 from ntbridge.errors import InputError
+from ntbridge.stax import covariances
 from ntbridge.tiling import blocks
 
 
@@ -95,3 +99,101 @@ def test_gradients_through_blocks(monkeypatch):
         (ntbridge.ntk(model, x1) * weights).sum().backward()
         grads.append(x1.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
+
+
+class ConvResidual(nn.Module):
+    """h = conv(x); h = h + conv2(relu(conv1(h))); a LayerNorm; global average pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Conv2d(2, 4, 3, padding=1)
+        self.conv1, self.conv2 = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+        self.norm = nn.LayerNorm((4, 6, 6))
+        self.conv3 = nn.Conv2d(4, 4, 3, padding=1)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+
+    def forward(self, x):
+        h = self.inp(x)
+        h = h + self.conv2(F.relu(self.conv1(h)))
+        return self.head(F.relu(self.conv3(self.norm(h))))
+
+
+class DenseResidual(nn.Module):
+    """A residual MLP with LayerNorm: vectors, no spatial axes."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.out = nn.Linear(5, 16), nn.Linear(16, 2)
+        self.fc1, self.fc2, self.norm = nn.Linear(16, 16), nn.Linear(16, 16), nn.LayerNorm(16)
+
+    def forward(self, x):
+        h = self.inp(x)
+        h = self.norm(h + self.fc2(torch.tanh(self.fc1(h))))
+        return self.out(F.relu(h))
+
+
+@pytest.mark.parametrize("make, shape", [(ConvResidual, (2, 6, 6)), (DenseResidual, (5,))])
+def test_own_covariances_computed_once_per_tile(make, shape, monkeypatch):
+    """Blocks of 3 examples that take their covariances with themselves from one pass over the
+    tile's examples (CPU tasks) equal the kernel in one piece, x2 given or not, float64: residual
+    sums and LayerNorm included."""
+    torch.manual_seed(0)
+    graph = ntbridge.convert(make().double(), parameterization="ntk")
+    monkeypatch.setattr(blocks, "block_size", lambda pair_bytes: 3)
+    rng = np.random.default_rng(0)
+    x1, x2 = rng.standard_normal((10, *shape)), rng.standard_normal((7, *shape))
+    whole = graph.analytic_task(("nngp", "ntk")).fn
+    blocked = jax.jit(graph.analytic_task(("nngp", "ntk"), "cpu").fn)
+    with jax.enable_x64(True):
+        for b in (x2, None):
+            for e, g in zip(whole(None, x1, b), blocked(None, x1, b)):
+                e, g = np.asarray(e), np.asarray(g)
+                np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12 * np.abs(e).max())
+
+
+def test_own_covariances_replace_those_of_every_node_output():
+    """A dag hook puts the examples' own covariances in place of those its layers compute, in each
+    kernel of a layer with several outputs too (FanOut, parallel): the kernels are unchanged."""
+    net = stax.serial(stax.Dense(4, 8, W_std=1.5, b_std=0.1), stax.FanOut(2),
+                      stax.parallel(stax.serial(stax.Relu(), stax.Dense(8, 8, W_std=1.5, b_std=0.)),
+                                    stax.Identity()),
+                      stax.FanInSum(), stax.Erf(), stax.Dense(8, 1, W_std=1.5, b_std=0.1))
+    rng = np.random.default_rng(0)
+    with jax.enable_x64(True):
+        x1, x2 = jnp.asarray(rng.standard_normal((5, 4))), jnp.asarray(rng.standard_normal((3, 4)))
+        own = jax.vmap(lambda x: covariances.own_covariances(net, x, diagonal_spatial=True))
+        assert isinstance(own(x1)[2], tuple)  # the parallel layer's two outputs
+        k = stax.input_kernel(x1, x2, compute_ntk=True, diagonal_spatial=True)
+        hooked = net.kernel_fn(k, after=covariances.with_covariances(own(x1), own(x2)))
+        plain = net.kernel_fn(k)
+        for name in ("nngp", "ntk", "cov1", "cov2"):
+            np.testing.assert_allclose(getattr(hooked, name), getattr(plain, name), rtol=1e-13)
+
+
+def test_blocks_compute_no_covariances_of_their_own():
+    """XLA's flop count of a block of s1 x s2 examples is alpha s1 s2 + beta (s1 + s2) + gamma:
+    work per pair, per example and per block. Given its examples' own covariances, the block
+    keeps its pairs' work and drops its examples' (beta: their covariances at every layer) but
+    for reading their variances; at s = 3 the block then costs about a quarter less."""
+    graph = ntbridge.convert(_cnn("GAP").double(), parameterization="ntk")
+    fn = graph.analytic_task(("nngp", "ntk")).fn
+    own = jax.vmap(lambda x: covariances.own_covariances(graph.network, x, False))
+    rng = np.random.default_rng(0)
+
+    def flops(s1, s2, given):
+        a, b = (jnp.asarray(rng.standard_normal((n, 2, 8, 8))) for n in (s1, s2))
+        block = lambda a, b, covs: fn(None, a, b, covs if given else None)
+        return jax.jit(block).lower(a, b, (own(a), own(b))).compile().cost_analysis()["flops"]
+
+    with jax.enable_x64(True):
+        terms = {}
+        for given in (False, True):
+            f = {(s1, s2): flops(s1, s2, given) for s1, s2 in ((2, 2), (2, 3), (3, 3))}
+            alpha = f[3, 3] - 2 * f[2, 3] + f[2, 2]
+            beta = f[2, 3] - f[2, 2] - 2 * alpha
+            terms[given] = alpha, beta, f[3, 3]
+    (alpha, beta, plain), (alpha_given, beta_given, given) = terms[False], terms[True]
+    assert alpha_given == alpha
+    assert 0 <= beta_given < 0.05 * beta
+    assert 1 - given / plain == pytest.approx(2 * 3 * beta / plain, rel=0.05)
+    assert 0.2 < 1 - given / plain < 0.35

@@ -16,6 +16,7 @@ from .. import programs
 from ..dlpack import describe
 from ..errors import InitMismatchWarning, InputError, NtbridgeError, UnsupportedLayerError
 from ..stax import INPUT, Kernel, Layer, dag, input_kernel
+from ..stax.covariances import Covariances, own_covariances, with_covariances
 from ..stax.kernel import swap_perm, symmetrize
 from ..tiling import Task
 from ..tiling.blocks import in_blocks, splits
@@ -129,13 +130,22 @@ def _apply(network: Layer, layout: tuple, params: Params, x: jax.Array) -> jax.A
     return network.apply_fn(per_layer, x)
 
 
-def _analytic(network: Layer, x1, x2, get):
+def _analytic(network: Layer, x1, x2, get, covs: tuple[Covariances, Covariances] | None = None):
+    """The kernels ``get`` of x1 and x2; ``covs``: the examples' own covariances at every layer,
+    stacked :func:`_own_covariances` of x1 and of x2, used instead of computing them."""
     names = (get,) if isinstance(get, str) else tuple(get)
     k: Kernel = input_kernel(x1, x2, compute_ntk="ntk" in names,
                              diagonal_spatial=not network.full_spatial)
-    k = network.kernel_fn(k)
+    k = network.kernel_fn(k, after=None if covs is None else with_covariances(*covs))
     out = {name: getattr(k, name) for name in names}
     return out[get] if isinstance(get, str) else Kernels(**out)
+
+
+def _own_covariances(network: Layer, args, x: jax.Array) -> Covariances:
+    """Each example's covariance with itself at every layer, ``(N, ...)`` leaves, for the examples
+    x ``(N, ...)`` (``args``, the task's arguments, are not needed)."""
+    own = lambda example: own_covariances(network, example, not network.full_spatial)
+    return jax.vmap(own)(x)
 
 
 def _warn_init_mismatch(nodes: tuple[Node, ...]) -> None:
@@ -234,12 +244,13 @@ class Graph:
         """The infinite-width kernels ``get`` as a task for :func:`ntbridge.tiling.compute` on
         ``platform`` (the inputs'): on CPUs, each tile is computed in blocks that stay in cache
         (:func:`ntbridge.tiling.blocks.in_blocks`)."""
-        fn = lambda args, x1, x2: _analytic(self.network, x1, x2, get)
+        fn = lambda args, x1, x2, covs=None: _analytic(self.network, x1, x2, get, covs)
         blocks = platform == "cpu" and self.network.pairwise
         power = 2 if self.network.full_spatial else 1  # pairs of positions, or positions
         pair_bytes = lambda a1: a1.dtype.itemsize * math.prod(a1.shape[2:]) ** power
+        own = functools.partial(_own_covariances, self.network)  # once per tile, not per block
         return Task(("analytic", self.signature, get, blocks),
-                    in_blocks(fn, pair_bytes, self.perm) if blocks else fn, self.perm,
+                    in_blocks(fn, pair_bytes, self.perm, own) if blocks else fn, self.perm,
                     pairwise=self.network.pairwise,
                     exactly_symmetric=lambda a1: blocks and splits(a1, None, pair_bytes))
 

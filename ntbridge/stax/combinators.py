@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -13,13 +13,18 @@ from .layers import Layer
 
 INPUT = -1  # in ``dag``, the index that stands for the network's input
 
+After = Callable[[int, Any], Any]  # (node index, its output) -> the output the graph goes on with
 
-def _run(fns: Sequence[Callable], inputs: Sequence[tuple[int, ...]], x):
-    """Evaluate ``fns[i]`` on the values of ``inputs[i]`` (one value, or a tuple if several)."""
-    values = {INPUT: x}
+
+def _run(fns: Sequence[Callable], inputs: Sequence[tuple[int, ...]], x,
+         after: After | None = None):
+    """Evaluate ``fns[i]`` on the values of ``inputs[i]`` (one value, or a tuple if several);
+    ``after(i, value)``, when given, replaces each value as it is made (``i = INPUT`` for ``x``)."""
+    after = after or (lambda i, value: value)
+    values = {INPUT: after(INPUT, x)}
     for i, (fn, sources) in enumerate(zip(fns, inputs)):
         args = tuple(values[j] for j in sources)
-        values[i] = fn(args[0] if len(args) == 1 else args)
+        values[i] = after(i, fn(args[0] if len(args) == 1 else args))
     return values[len(fns) - 1]
 
 
@@ -30,8 +35,18 @@ def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
     input), all earlier than ``i``; a layer with several inputs (e.g. a residual sum) receives a
     tuple. The last layer's output is the network's output.
 
+    Its ``kernel_fn(k, after=None)`` takes an optional ``after(i, kernels)``, called with the
+    input kernel ``k`` (``i = INPUT``) and with each layer's output (a :class:`Kernel`, or a tuple
+    of them): what it returns replaces them, e.g. to record or substitute intermediate kernels.
+
     Example:
         >>> residual = dag([Dense(8, 8, W_std=1., b_std=0.), Relu(), FanInSum()], [(INPUT,), (0,), (1, INPUT)])
+        >>> seen = []
+        >>> k = residual.kernel_fn(input_kernel(jnp.ones((2, 8)), None, compute_ntk=False,
+        ...                                     diagonal_spatial=True),
+        ...                        after=lambda i, out: seen.append(i) or out)
+        >>> seen
+        [-1, 0, 1, 2]
     """
     layers, inputs = tuple(layers), tuple(tuple(i) for i in inputs)
 
@@ -52,8 +67,8 @@ def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
         return _run([lambda v, l=layer, p=p: l.apply_fn(p, v) for layer, p in zip(layers, params)],
                     inputs, x)
 
-    def kernel_fn(k):
-        return _run([layer.kernel_fn for layer in layers], inputs, k)
+    def kernel_fn(k: Kernel, after: After | None = None) -> Kernel:
+        return _run([layer.kernel_fn for layer in layers], inputs, k, after)
 
     return Layer(init_fn, apply_fn, kernel_fn, any(layer.full_spatial for layer in layers),
                  pairwise=all(layer.pairwise for layer in layers))

@@ -5,10 +5,11 @@ The analytic kernels of images are memory-bound: every layer passes several time
 convolution's shifted sums, the nonlinearity's rule, the NTK's update. Once a tile's arrays outgrow
 the cache, each pass goes to main memory. :func:`in_blocks` computes the tile in ``s x s`` blocks
 of examples whose arrays fit in :data:`BLOCK_BYTES`, one after another inside the tile's program
-(``lax.map``), so the passes stay in cache. Each block recomputes the per-example covariances of its
-examples, ``2 / s`` of the pairs' work. With x2 = x1 only the blocks on and above the diagonal are
-computed; the others are their transposes, and the diagonal blocks are symmetrized, so the tile is
-exactly symmetric.
+(a ``lax`` loop), so the passes stay in cache. Data each block needs of its examples alone (e.g.
+their covariances with themselves, ``2 / s`` of the pairs' work) can be computed once per tile and
+handed to the blocks. With x2 = x1 only the blocks on and above the diagonal are computed; the
+others are their transposes, and the diagonal blocks are symmetrized, so the tile is exactly
+symmetric.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ BLOCK_BYTES = 2 ** 21  # one block's arrays: a core's L2 cache or two (1 to 4 Mi
 LIVE_ARRAYS = 4  # kernel arrays alive at once in a layer's rule (NNGP, NTK, their inputs)
 
 TileFn = Callable[[Any, jax.Array, "jax.Array | None"], Any]
+PerExample = Callable[[Any, jax.Array], Any]  # (args, examples (n, ...)) -> (n, ...) leaves
 
 
 def block_size(pair_bytes: int) -> int:
@@ -58,14 +60,46 @@ def splits(a1: jax.Array, a2: jax.Array | None, pair_bytes: Callable[[jax.Array]
     return max(a1.shape[0], (a1 if a2 is None else a2).shape[0]) > block_size(pair_bytes(a1))
 
 
-def in_blocks(fn: TileFn, pair_bytes: Callable[[jax.Array], int],
-              perm: Callable[[int], tuple[int, ...]]) -> TileFn:
+def _map_blocks(fn: Callable, args, b1: jax.Array, b2: jax.Array, rows: np.ndarray,
+                cols: np.ndarray, per_example: PerExample | None):
+    """``fn`` of the blocks ``b1[rows[k]]`` and ``b2[cols[k]]`` (of ``(nb, s, ...)`` inputs) for
+    each ``k``, one after another: ``(len(rows), s, s, ...)`` leaves.
+
+    With ``per_example``, its data is computed here once per side (once if ``b2`` is ``b1``),
+    block by block, and each step reads the next block's rows into the loop's carry. Read in the
+    step that uses them, XLA fuses the slicing into each elementwise pass over the pairs that
+    reads them (CNN-Flatten float32 blocks were then slower than computing the data themselves).
+    """
+    if per_example is None:
+        return jax.lax.map(lambda ij: fn(args, b1[ij[0]], b2[ij[1]]), (rows, cols))
+    each = lambda b: jax.lax.map(lambda block: per_example(args, block), b)
+    e1 = each(b1)
+    e2 = e1 if b2 is b1 else each(b2)
+    pick = lambda e, i: jax.tree.map(lambda leaf: leaf[i], e)
+    known = lambda i, j: (pick(e1, i), pick(e2, j))
+
+    def step(carry, ij):  # carry: the data of block ij, read by the step before
+        i, j, i_next, j_next = ij
+        return known(i_next, j_next), fn(args, b1[i], b2[j], carry)
+
+    ahead = lambda r: np.roll(r, -1)
+    _, out = jax.lax.scan(step, known(rows[0], cols[0]), (rows, cols, ahead(rows), ahead(cols)))
+    return out
+
+
+def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
+              perm: Callable[[int], tuple[int, ...]],
+              per_example: PerExample | None = None) -> TileFn:
     """``fn(args, a1, a2)`` (a tile's kernel, ``(b1, b2, ...)`` leaves) computed in blocks of
     :func:`block_size` examples, ``pair_bytes(a1)`` bytes per pair; ``perm(ndim)`` exchanges x1
     and x2 in a leaf. Tiles no larger than a block are computed as they are; others (see
     :func:`splits`) with ``a2=None`` come out exactly symmetric: the blocks below the diagonal are
     the transposes of those above, and the diagonal blocks are symmetrized after the loop, from its
     stored output (XLA cannot fuse the two sides' computations into one expression).
+
+    With ``per_example``, data of each example alone, ``per_example(args, a)`` for examples ``a``
+    (a pytree of ``(n, ...)`` arrays), is computed once per tile side (once with ``a2=None``),
+    and each block is ``fn(args, a1, a2, (e1, e2))`` with its examples' rows ``e1`` and ``e2``.
 
     Example:
         >>> fn = lambda args, a1, a2: a1 @ (a1 if a2 is None else a2).T
@@ -84,7 +118,7 @@ def in_blocks(fn: TileFn, pair_bytes: Callable[[jax.Array], int],
         b2 = b1 if a2 is None else _blocks(a2, size)
         nb1, nb2 = b1.shape[0], b2.shape[0]
         rows, cols = np.triu_indices(nb1) if a2 is None else np.divmod(np.arange(nb1 * nb2), nb2)
-        out = jax.lax.map(lambda ij: fn(args, b1[ij[0]], b2[ij[1]]), (rows, cols))
+        out = _map_blocks(fn, args, b1, b2, rows, cols, per_example)
 
         def grid(leaf):  # (pairs, s, s, ...) -> (n1, n2, ...)
             if a2 is not None:

@@ -1,0 +1,65 @@
+"""Each example's covariances with itself, computed once and reused by every kernel it is part of.
+
+A network's kernel of ``b1 x b2`` examples also computes, at every layer, each example's covariance
+with itself (a :class:`Kernel`'s ``cov1`` and ``cov2``): ``b1 + b2`` of them next to ``b1 b2``
+pairs. A kernel computed in many blocks of examples recomputes them in each block. Instead,
+:func:`own_covariances` gives every layer's covariance of one example (once per example), and
+:func:`with_covariances` is a ``dag`` hook that puts them in place of those the layers compute,
+which are then unused and compiled away.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from .combinators import After
+from .kernel import Kernel, input_kernel
+from .layers import Layer
+
+Covariances = dict[int, Any]  # node index (INPUT: the inputs) -> its outputs' covariances
+
+
+def _is_kernel(value: Any) -> bool:
+    return isinstance(value, Kernel)
+
+
+def own_covariances(network: Layer, x: jax.Array, diagonal_spatial: bool) -> Covariances:
+    """The covariance of one example ``x`` ``(C, *S)`` (or ``(features,)``) with itself at the
+    inputs and after every layer of the ``dag`` ``network``: ``{i: cov}``, ``cov`` shaped like a
+    Kernel's ``cov1`` without its batch axis (a tuple of them for a layer with several outputs).
+    No NTK is computed: no covariance depends on it.
+
+    Example:
+        >>> net = serial(Dense(3, 4, W_std=1., b_std=0.), Relu())
+        >>> {i: c.shape for i, c in own_covariances(net, jnp.ones(3), True).items()}
+        {-1: (), 0: (), 1: ()}
+    """
+    covs = {}
+
+    def record(i, out):
+        covs[i] = jax.tree.map(lambda k: k.cov1[0], out, is_leaf=_is_kernel)
+        return out
+
+    k = input_kernel(x[None], None, compute_ntk=False, diagonal_spatial=diagonal_spatial)
+    network.kernel_fn(k, after=record)
+    return covs
+
+
+def with_covariances(covs1: Covariances, covs2: Covariances) -> After:
+    """A hook ``after`` for a ``dag``'s ``kernel_fn`` that sets the ``cov1`` and ``cov2`` of node
+    ``i``'s kernels to ``covs1[i]`` and ``covs2[i]``: :func:`own_covariances` of the x1 and of the
+    x2 examples, stacked ``(N1, ...)`` and ``(N2, ...)``.
+
+    Example:
+        >>> covs = jax.vmap(lambda x: own_covariances(net, x, True))(x1)
+        >>> k = net.kernel_fn(input_kernel(x1, x1, compute_ntk=True, diagonal_spatial=True),
+        ...                   after=with_covariances(covs, covs))
+    """
+
+    def after(i, out):
+        return jax.tree.map(lambda k, c1, c2: k.replace(cov1=c1, cov2=c2), out, covs1[i],
+                            covs2[i], is_leaf=_is_kernel)
+
+    return after
