@@ -101,6 +101,31 @@ def test_gradients_through_blocks(monkeypatch):
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
 
 
+def test_per_example_data_goes_with_its_blocks(monkeypatch):
+    """in_blocks hands each block its examples' rows of per_example's data (squared norms here, the
+    blocks squared distances), x2 given or not; blocks of more than SHARED_UP_TO examples compute
+    it themselves."""
+    norms = lambda a: (a * a).sum(1)
+
+    def fn(args, a1, a2, known=None):
+        n1, n2 = (norms(a1), norms(a2)) if known is None else known
+        return n1[:, None] + n2[None, :] - 2 * a1 @ a2.T
+
+    rng = np.random.default_rng(0)
+    x1, x2 = rng.standard_normal((150, 4)), rng.standard_normal((100, 4))
+    for size, shared in ((3, True), (blocks.SHARED_UP_TO + 1, False)):
+        monkeypatch.setattr(blocks, "block_size", lambda pair_bytes: size)
+        sides = []
+        per_example = lambda args, a: sides.append(a.shape) or norms(a)
+        blocked = jax.jit(blocks.in_blocks(fn, lambda a1: 8, lambda ndim: (1, 0), per_example))
+        with jax.enable_x64(True):
+            for b in (x2, None):
+                other = x1 if b is None else b
+                expected = ((x1[:, None] - other[None]) ** 2).sum(-1)
+                np.testing.assert_allclose(blocked(None, x1, b), expected, rtol=1e-12, atol=1e-12)
+        assert sides == ([(size, 4)] * 3 if shared else [])  # x1 and x2; x1 once with x2 = None
+
+
 class ConvResidual(nn.Module):
     """h = conv(x); h = h + conv2(relu(conv1(h))); a LayerNorm; global average pooling."""
 

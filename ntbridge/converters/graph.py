@@ -248,7 +248,7 @@ class Graph:
         blocks = platform == "cpu" and self.network.pairwise
         power = 2 if self.network.full_spatial else 1  # pairs of positions, or positions
         pair_bytes = lambda a1: a1.dtype.itemsize * math.prod(a1.shape[2:]) ** power
-        own = functools.partial(_own_covariances, self.network)  # once per tile, not per block
+        own = functools.partial(_own_covariances, self.network)  # once per tile where it pays
         return Task(("analytic", self.signature, get, blocks),
                     in_blocks(fn, pair_bytes, self.perm, own) if blocks else fn, self.perm,
                     pairwise=self.network.pairwise,

@@ -25,6 +25,10 @@ from ..stax.kernel import symmetrize
 
 BLOCK_BYTES = 2 ** 21  # one block's arrays: a core's L2 cache or two (1 to 4 MiB measured best)
 LIVE_ARRAYS = 4  # kernel arrays alive at once in a layer's rule (NNGP, NTK, their inputs)
+# Per-example data is shared by blocks of at most this many examples. A block of s computes it for
+# 2s examples next to s^2 pairs, about 2 / (s + 2) of its work: under 3% beyond 64, less than the
+# shared pass costs (FC, blocks of 362 float32 examples, 2% slower with it).
+SHARED_UP_TO = 64
 
 TileFn = Callable[[Any, jax.Array, "jax.Array | None"], Any]
 PerExample = Callable[[Any, jax.Array], Any]  # (args, examples (n, ...)) -> (n, ...) leaves
@@ -65,12 +69,13 @@ def _map_blocks(fn: Callable, args, b1: jax.Array, b2: jax.Array, rows: np.ndarr
     """``fn`` of the blocks ``b1[rows[k]]`` and ``b2[cols[k]]`` (of ``(nb, s, ...)`` inputs) for
     each ``k``, one after another: ``(len(rows), s, s, ...)`` leaves.
 
-    With ``per_example``, its data is computed here once per side (once if ``b2`` is ``b1``),
-    block by block, and each step reads the next block's rows into the loop's carry. Read in the
-    step that uses them, XLA fuses the slicing into each elementwise pass over the pairs that
-    reads them (CNN-Flatten float32 blocks were then slower than computing the data themselves).
+    With ``per_example`` and blocks of at most :data:`SHARED_UP_TO` examples, its data is computed
+    here once per side (once if ``b2`` is ``b1``), block by block, and each step reads the next
+    block's rows into the loop's carry. Read in the step that uses them, XLA fuses the slicing
+    into each elementwise pass over the pairs that reads them (CNN-Flatten float32 blocks were
+    then slower than computing the data themselves).
     """
-    if per_example is None:
+    if per_example is None or b1.shape[1] > SHARED_UP_TO:
         return jax.lax.map(lambda ij: fn(args, b1[ij[0]], b2[ij[1]]), (rows, cols))
     each = lambda b: jax.lax.map(lambda block: per_example(args, block), b)
     e1 = each(b1)
@@ -99,7 +104,8 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
 
     With ``per_example``, data of each example alone, ``per_example(args, a)`` for examples ``a``
     (a pytree of ``(n, ...)`` arrays), is computed once per tile side (once with ``a2=None``),
-    and each block is ``fn(args, a1, a2, (e1, e2))`` with its examples' rows ``e1`` and ``e2``.
+    and each block is ``fn(args, a1, a2, (e1, e2))`` with its examples' rows ``e1`` and ``e2``;
+    blocks of more than :data:`SHARED_UP_TO` examples are ``fn(args, a1, a2)``.
 
     Example:
         >>> fn = lambda args, a1, a2: a1 @ (a1 if a2 is None else a2).T
