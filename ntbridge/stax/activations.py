@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InputError, UnsupportedLayerError
-from .kernel import Kernel, safe_reciprocal, variances
+from .kernel import Kernel, safe_reciprocal, safe_sqrt, variances
 from .layers import Layer
 from .piecewise import Pieces, piecewise_rule, polar_rule, quadrature_rule
 from .quadrature import Corrected, Rule, corrected_rule, smooth_rule
@@ -167,19 +167,6 @@ def _angles_jvp(primals, tangents):
 SNAP = 8  # ulps: cosines this close to +-1 are +-1 (see _cosine)
 
 
-def _roots(q1: jax.Array, q2: jax.Array) -> tuple[jax.Array, ...]:
-    """``(sqrt q1, sqrt q2, 1 / sqrt q1, 1 / sqrt q2)`` (0 for zero variances), from one array of
-    both sides' variances, each root from the variance itself: XLA compiles them as one or two
-    small fusions instead of four (each fusion costs milliseconds of compile time; the per-example
-    values cost nothing at run time)."""
-    n, q = q1.size, jnp.concatenate([q1.ravel(), q2.ravel()])
-    positive = q > 0
-    q = jnp.where(positive, q, 1)  # finite derivatives at zero variances (see safe_sqrt)
-    both = jnp.where(positive, jnp.stack([jnp.sqrt(q), jax.lax.rsqrt(q)]), 0)
-    return (both[0, :n].reshape(q1.shape), both[0, n:].reshape(q2.shape),
-            both[1, :n].reshape(q1.shape), both[1, n:].reshape(q2.shape))
-
-
 def _cosine(c: jax.Array, q1: jax.Array, q2: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(sqrt(q1 q2), c / sqrt(q1 q2))``, with square roots taken per example, not per entry.
 
@@ -190,7 +177,8 @@ def _cosine(c: jax.Array, q1: jax.Array, q2: jax.Array) -> tuple[jax.Array, jax.
     anyway. A zero-variance side is the limit of vanishing inputs (cosine 0), never NaN (nor its
     gradient).
     """
-    s1, s2, r1, r2 = _roots(q1, q2)
+    s1, s2 = safe_sqrt(q1), safe_sqrt(q2)
+    r1, r2 = safe_reciprocal(s1), safe_reciprocal(s2)
     cos = c * r1 * r2
     near_one = jnp.abs(cos) >= 1 - SNAP * jnp.finfo(cos.dtype).eps
     cos = jnp.where(near_one, jnp.sign(cos), cos)
