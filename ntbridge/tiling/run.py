@@ -1,10 +1,11 @@
 """One compiled program per tiling, run over the tiles: ``shard_map`` puts one tile on each device.
 
 The program of a :class:`Task` takes a stack of tiles (one per device) and returns, per tile, the
-kernel's leaves (checked finite in torch). The tiles on the diagonal of a kernel with x2 = x1 are
-symmetrized after it, in torch (``ntbridge.stax.kernel.symmetrize``: exactly), unless the program
-did it. Everything around the program is torch (slicing and padding the inputs, assembling the
-result), so a request dispatches no JAX work besides its programs.
+kernel's leaves, checked finite after it (``ntbridge.dlpack.all_finite``). The tiles on the
+diagonal of a kernel with x2 = x1 are symmetrized after it, in torch
+(``ntbridge.stax.kernel.symmetrize``: exactly), unless the program did it. Everything around the
+program is torch and numpy (slicing and padding the inputs, assembling the result), so a request
+dispatches no JAX work besides its programs.
 """
 
 from __future__ import annotations
