@@ -44,13 +44,24 @@ CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
                         "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
 
 
+# XLA compiles each CPU loop (fusion) separately, at a fixed cost of about 10-30 ms each, so
+# compiling dominates a first call. Its fusion emitters (the default) generate faster loops for
+# the shifted sums of full-spatial convolution kernels (CNN-GAP rows of
+# benchmarks/kernel_speed.py: 1.1-1.8x), but its older loop emitters compile 25-35% faster and
+# run the other analytic kernels (vectors, same-position covariances) as fast (FC and
+# CNN-Flatten rows, within noise): their programs are compiled with these (``quick=True``).
+QUICK_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": "False"}  # XLA reads "False", not "false"
+
 _REJECTED: set[str] = set()  # platforms whose XLA rejected the options (they are experimental)
 
 
-def compiler_options(platform: str) -> dict[str, str]:
+def compiler_options(platform: str, quick: bool = False) -> dict[str, str]:
     """The XLA options of ntbridge's programs on ``platform``: :data:`CPU_COMPILER_OPTIONS` on
-    CPUs, unless their XLA rejected them (:func:`reject_options`); none elsewhere."""
-    return CPU_COMPILER_OPTIONS if platform == "cpu" and platform not in _REJECTED else {}
+    CPUs (with :data:`QUICK_COMPILE_OPTIONS` for ``quick`` programs), unless their XLA rejected
+    them (:func:`reject_options`); none elsewhere."""
+    if platform != "cpu" or platform in _REJECTED:
+        return {}
+    return {**CPU_COMPILER_OPTIONS, **(QUICK_COMPILE_OPTIONS if quick else {})}
 
 
 def reject_options(platform: str) -> None:

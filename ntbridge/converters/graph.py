@@ -243,7 +243,8 @@ class Graph:
                       platform: str | None = None) -> Task:
         """The infinite-width kernels ``get`` as a task for :func:`ntbridge.tiling.compute` on
         ``platform`` (the inputs'): on CPUs, each tile is computed in blocks that stay in cache
-        (:func:`ntbridge.tiling.blocks.in_blocks`)."""
+        (:func:`ntbridge.tiling.blocks.in_blocks`); without full-spatial layers its programs are
+        compiled quickly (:func:`ntbridge.devices.compiler_options`)."""
         fn = lambda args, x1, x2, covs=None: _analytic(self.network, x1, x2, get, covs)
         blocks = platform == "cpu" and self.network.pairwise
         power = 2 if self.network.full_spatial else 1  # pairs of positions, or positions
@@ -252,7 +253,8 @@ class Graph:
         return Task(("analytic", self.signature, get, blocks),
                     in_blocks(fn, pair_bytes, self.perm, own) if blocks else fn, self.perm,
                     pairwise=self.network.pairwise,
-                    exactly_symmetric=lambda a1: blocks and splits(a1, None, pair_bytes))
+                    exactly_symmetric=lambda a1: blocks and splits(a1, None, pair_bytes),
+                    quick_compile=not self.network.full_spatial)
 
     def kernel_fn(self, x1: jax.Array, x2: jax.Array | None = None,
                   get: str | tuple[str, ...] = KERNEL_NAMES):

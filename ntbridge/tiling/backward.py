@@ -54,7 +54,8 @@ def _compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor,
     key = programs.ProgramKey.of("tile vjp", (task.computation, tiling.symmetric, tiling.whole,
                                               tracked, wrt), arguments, devices)
     return programs.cached(key, lambda: programs.compile(
-        key, lambda: _program(task, tiling, devices, tracked, wrt).lower(*arguments), devices))
+        key, lambda: _program(task, tiling, devices, tracked, wrt).lower(*arguments), devices,
+        task.quick_compile))
 
 
 def _cotangent(grad: torch.Tensor, tiling: Tiling, i: int, j: int, perm) -> torch.Tensor:

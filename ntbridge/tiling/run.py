@@ -53,6 +53,8 @@ class Task:
       exactly_symmetric: ``exactly_symmetric(a1)``, whether ``fn(args, a1, None)`` of a tile like
         ``a1`` (a shape and dtype) is already exactly symmetric; such a whole symmetric kernel in
         one tile is not symmetrized again.
+      quick_compile: compile its programs with the options that compile faster
+        (:func:`ntbridge.devices.compiler_options`); fixed by ``computation``.
     """
 
     computation: Hashable
@@ -62,6 +64,7 @@ class Task:
     pairwise: bool = dataclasses.field(default=True, compare=False)
     exactly_symmetric: Callable[[jax.ShapeDtypeStruct], bool] = dataclasses.field(
         default=lambda a1: False, compare=False)
+    quick_compile: bool = dataclasses.field(default=False, compare=False)
 
 
 def tile_fn(task: Task, tiling: Tiling) -> Callable:
@@ -133,7 +136,8 @@ def compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor) -> Pr
     key = programs.ProgramKey.of("tiles", (task.computation, tiling.symmetric, tiling.whole),
                                  arguments, devices)
     return programs.cached(key, lambda: _analysed(programs.compile(
-        key, lambda: _program(task, devices, tiling).lower(*arguments), devices)))
+        key, lambda: _program(task, devices, tiling).lower(*arguments), devices,
+        task.quick_compile)))
 
 
 def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
