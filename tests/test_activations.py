@@ -14,9 +14,9 @@ import ntbridge
 from ntbridge import errors
 from ntbridge.dlpack import to_jax
 from ntbridge.stax import ab_relu_rule
-from ntbridge.stax.activations import (ab_relu_self_rule, erf_rule, erf_self_rule, gelu_rule,
-                                       rectified_monomial_rule, rectified_monomial_self_rule,
-                                       sign_rule, sign_self_rule, sin_rule, sin_self_rule)
+from ntbridge.stax.activations import erf_rule, erf_self_rule, gelu_rule, sin_rule, sin_self_rule
+from ntbridge.stax.arccos import (ab_relu_self_rule, rectified_monomial_rule,
+                                  rectified_monomial_self_rule, sign_rule, sign_self_rule)
 from ntbridge.stax.piecewise import POLAR, polar_rule, radial_rule, tanh_sinh
 from ntbridge.stax.quadrature import smooth_rule
 
@@ -110,7 +110,7 @@ def test_relu_float32_angles_and_rule_within_1e5_of_float64():
     """float32's polynomial angles match float64 arccos on the same cosines to 1e-6 relative (sin t
     and pi - t both, down to cos = +-1); the rule itself to 1e-5 where the angle is well-conditioned
     (near cos = +-1 any float32 evaluation inherits the rounding of c / sqrt(q1 q2))."""
-    from ntbridge.stax.activations import _angles
+    from ntbridge.stax.arccos import _angles
     cos = np.concatenate([np.linspace(-1, 1, 20001), 1 - np.logspace(-7, 0, 300),
                           -1 + np.logspace(-7, 0, 300)]).astype(np.float32)
     sin32, rest32 = _angles(jax.numpy.asarray(cos))
@@ -133,7 +133,7 @@ def test_relu_float64_angles_within_a_few_ulps_of_numpy():
     """float64's polynomial arc-cosine is within 2 ulps of numpy's over [-1, 1] (down to the ends,
     where pi - t is exactly 0 and pi); sin t within 4 ulps of sqrt(1 - cos^2) where the latter is
     accurate (|cos| <= 1/2), and exactly 0 at +-1."""
-    from ntbridge.stax.activations import _angles
+    from ntbridge.stax.arccos import _angles
     tails = np.logspace(-16, 0, 400)
     cos = np.concatenate([np.linspace(-1, 1, 20001), 1 - tails, -1 + tails])
     with jax.enable_x64(True):
@@ -153,7 +153,7 @@ def test_float64_arccos_table_is_its_chebyshev_interpolant():
     """_ACOS_SQUARED_64 is the degree-19 Chebyshev interpolant of arccos(a)^2 / (1 - a) on [0, 1]
     in powers of t = 2a - 1, recomputed here in 50-digit arithmetic."""
     mpmath = pytest.importorskip("mpmath")
-    from ntbridge.stax.activations import _ACOS_SQUARED_64
+    from ntbridge.stax.arccos import _ACOS_SQUARED_64
     with mpmath.workdps(50):
         n = len(_ACOS_SQUARED_64)
         angles = [mpmath.pi * (k + mpmath.mpf(1) / 2) / n for k in range(n)]
