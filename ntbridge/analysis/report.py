@@ -102,7 +102,7 @@ class WidthSweep:
         return f"{self.mean(quantity)[i]:.4f} ± {self.spread(quantity)[i]:.4f}"
 
     def _rows(self) -> tuple[list[str], list[list[str]]]:
-        header = ["width", *(label(q) for q in self.errors)]
+        header = ["width", *(_label(q) for q in self.errors)]
         rows = [[str(w), *(self._cell(q, i) for q in self.errors)] for i, w in enumerate(self.widths)]
         fits = [self.fit(q) for q in self.errors]
         rows.append(["slope", *map(str, fits)])
@@ -116,7 +116,7 @@ class WidthSweep:
                 f"{self.n_seeds} seeds ({self.parameterization} parameterization); NNGP: "
                 f"readout-conditional output covariance; {layers}; slope of log(error) vs "
                 f"log(width).")
-        uncertain = [f"{label(q)} {self.fit(q)}" for q in self.errors if self.fit(q).uncertain]
+        uncertain = [f"{_label(q)} {self.fit(q)}" for q in self.errors if self.fit(q).uncertain]
         if uncertain:
             note += (f"\nSlopes too uncertain to tell from -0.5 (or from 0, no convergence): "
                      f"{', '.join(uncertain)}; use more seeds or wider widths.")
@@ -180,7 +180,7 @@ class WidthSweep:
             main = q in ("ntk", "nngp")
             ax.errorbar(w, self.mean(q), yerr=self.spread(q), capsize=3, marker="o" if main else ".",
                         linestyle="-" if main else "--", linewidth=2 if main else 1,
-                        label=f"{label(q)} (slope {self.fit(q).slope:+.2f})")
+                        label=f"{_label(q)} (slope {self.fit(q).slope:+.2f})")
         guide = self.mean("ntk")[0] * (w / w[0]) ** -0.5
         ax.plot(w, guide, color="gray", linestyle=":", label="width$^{-1/2}$")
         ax.set(xscale="log", yscale="log", xlabel="width",
@@ -192,7 +192,7 @@ class WidthSweep:
         return path
 
 
-def label(quantity: str) -> str:
+def _label(quantity: str) -> str:
     """How a quantity is named in the report: ``NTK``, ``NNGP``, ``NTK layer 'NAME'``."""
     if quantity in ("ntk", "nngp"):
         return quantity.upper()
