@@ -269,6 +269,33 @@ def cpu_convolution(batch: int) -> None:
         f"default {t_default * 1e3:.1f} ms, ntbridge's options {t_ours * 1e3:.1f} ms")
 
 
+def quick_compile(quick: bool) -> None:
+    """Analytic programs compiled with ntbridge's quick options (XLA's older CPU loop emitters)
+    vs its default ones, from one lowering: compile times, and steady state called alternately.
+    ntbridge uses the quick options for kernels without full-spatial layers (FC, Flatten) only."""
+    from ntbridge.devices import compiler_options
+    workloads = [("FC", fc_model(), (256 if quick else 1024, 784)),
+                 ("CNN Flatten 16x16", _cnn("Flatten", 16), (32 if quick else 128, 3, 16, 16)),
+                 ("CNN GAP 8x8", _cnn("global avg pool", 8), (8 if quick else 32, 3, 8, 8))]
+    for name, model, shape in workloads:
+        task = ntbridge.convert(model).analytic_task(platform="cpu")
+        a = to_jax(torch.randn(shape))
+        lowered = jax.jit(lambda a: task.fn(None, a, None)).lower(a)
+        times, programs = {}, {}
+        for kind in ("quick", "default"):  # quick first: it pays what is left of XLA's warm-up
+            t0 = time.perf_counter()
+            programs[kind] = lowered.compile(compiler_options=compiler_options("cpu", kind == "quick"))
+            times[kind] = time.perf_counter() - t0
+        steady = [min(t) for t in interleaved_times(lambda: programs["quick"](a),
+                                                    lambda: programs["default"](a), 5)]
+        used = "used" if task.quick_compile else "not used"
+        row(f"quick compile, {name} N={shape[0]}: compile quick / default",
+            times["quick"] / times["default"],
+            f"{times['quick']:.2f} s vs {times['default']:.2f} s; quick options {used} here")
+        row(f"quick compile, {name} N={shape[0]}: steady quick / default", steady[0] / steady[1],
+            f"{steady[0] * 1e3:.1f} ms vs {steady[1] * 1e3:.1f} ms")
+
+
 def empirical_wide_mlp(n: int, repeats: int, device: str) -> None:
     """784 -> 3 x [2048, ReLU] -> 10, full kernel of N x N: the structured strategy's advantage."""
     layers = [nn.Linear(784, 2048), nn.ReLU()] + [nn.Linear(2048, 2048), nn.ReLU()] * 2
@@ -357,6 +384,8 @@ def main() -> None:
     repeats = 2 if args.quick else 5
     if args.device == "cpu":
         cpu_convolution(50 if args.quick else 250)
+        if not args.empirical_only:
+            quick_compile(args.quick)
     if not args.empirical_only:
         first_call.rows(1 if args.quick else 3, args.nt_python)
         kernel_speed.rows(args.nt_python, quick=args.quick)

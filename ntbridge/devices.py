@@ -45,11 +45,12 @@ CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
 
 
 # XLA compiles each CPU loop (fusion) separately, at a fixed cost of about 10-30 ms each, so
-# compiling dominates a first call. Its fusion emitters (the default) generate faster loops for
-# the shifted sums of full-spatial convolution kernels (CNN-GAP rows of
-# benchmarks/kernel_speed.py: 1.1-1.8x), but its older loop emitters compile 25-35% faster and
-# run the other analytic kernels (vectors, same-position covariances) as fast (FC and
-# CNN-Flatten rows, within noise): their programs are compiled with these (``quick=True``).
+# compiling dominates a first call. Its older loop emitters compile 35-40% faster than its fusion
+# emitters (the default) and run the loops of vector kernels as fast (N = 1024; at N = 256 a
+# call takes 0.3 ms longer); the loops of spatial kernels run slower: same-position covariances
+# (Flatten heads) 1.07-1.19x, every pair of positions (global pooling) 1.3x ("quick compile" rows
+# of benchmarks/run.py). Programs without full-spatial layers are compiled with them
+# (``quick=True``): for Flatten heads a trade of a faster first call for a slower steady state.
 QUICK_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": "False"}  # XLA reads "False", not "false"
 
 _REJECTED: set[str] = set()  # platforms whose XLA rejected the options (they are experimental)
