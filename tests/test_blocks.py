@@ -113,7 +113,7 @@ def test_per_example_data_goes_with_its_blocks(monkeypatch):
 
     rng = np.random.default_rng(0)
     x1, x2 = rng.standard_normal((150, 4)), rng.standard_normal((100, 4))
-    for size, shared in ((3, True), (blocks.SHARED_UP_TO + 1, False)):
+    for size, shared in ((3, True), (2 * blocks.SHARED_UP_TO, False)):  # x1: 2 blocks of 75
         monkeypatch.setattr(blocks, "block_size", lambda pair_bytes: size)
         sides = []
         per_example = lambda args, a: sides.append(a.shape) or norms(a)
@@ -223,3 +223,15 @@ def test_blocks_compute_no_covariances_of_their_own():
     assert 0 <= beta_given < 0.05 * beta
     assert 1 - given / plain == pytest.approx(2 * 3 * beta / plain, rel=0.05)
     assert 0.2 < 1 - given / plain < 0.35
+
+
+def test_blocks_are_as_equal_as_they_can_be():
+    """balanced(n, size): the fewest blocks of at most ``size`` examples covering ``n``, padded by
+    less than one row per block (a tile of 512 in blocks of at most 362: two of 256)."""
+    for n in range(1, 300):
+        for size in range(1, 70):
+            side = blocks.balanced(n, size)
+            count = -(-n // side)
+            assert side <= size and count == -(-n // size)
+            assert count * side - n < count
+    assert blocks.balanced(512, 362) == 256
