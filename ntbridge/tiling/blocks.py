@@ -6,11 +6,10 @@ convolution's shifted sums, the nonlinearity's rule, the NTK's update. Once a ti
 the cache, each pass goes to main memory. :func:`in_blocks` computes the tile in ``s1 x s2``
 blocks of examples (as equal as they can be, :func:`balanced`) whose arrays fit in
 :data:`BLOCK_BYTES`, one after another inside the tile's program (a ``lax`` loop), so the passes
-stay in cache. Data each block needs of its examples alone (e.g.
-their covariances with themselves, ``2 / s`` of the pairs' work) can be computed once per tile and
-handed to the blocks. With x2 = x1 only the blocks on and above the diagonal are computed; the
-others are their transposes, and the diagonal blocks are symmetrized, so the tile is exactly
-symmetric.
+stay in cache. Data each block needs of its examples alone (e.g. their covariances with
+themselves, ``2 / s`` of the pairs' work) can be computed once per tile and handed to the blocks.
+With x2 = x1 only the blocks on and above the diagonal are computed; the others are their
+transposes, and the diagonal blocks are symmetrized, so the tile is exactly symmetric.
 """
 
 from __future__ import annotations
@@ -111,10 +110,11 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
               per_example: PerExample | None = None) -> TileFn:
     """``fn(args, a1, a2)`` (a tile's kernel, ``(b1, b2, ...)`` leaves) computed in blocks of at
     most :func:`block_size` examples (:func:`balanced` per side), ``pair_bytes(a1)`` bytes per
-    pair; ``perm(ndim)`` exchanges x1 and x2 in a leaf. Tiles no larger than a block are computed as they are; others (see
-    :func:`splits`) with ``a2=None`` come out exactly symmetric: the blocks below the diagonal are
-    the transposes of those above, and the diagonal blocks are symmetrized after the loop, from its
-    stored output (XLA cannot fuse the two sides' computations into one expression).
+    pair; ``perm(ndim)`` exchanges x1 and x2 in a leaf. Tiles no larger than a block are computed
+    as they are; others (see :func:`splits`) with ``a2=None`` come out exactly symmetric: the
+    blocks below the diagonal are the transposes of those above, and the diagonal blocks are
+    symmetrized after the loop, from its stored output (XLA cannot fuse the two sides'
+    computations into one expression).
 
     With ``per_example``, data of each example alone, ``per_example(args, a)`` for examples ``a``
     (a pytree of ``(n, ...)`` arrays), is computed once per tile side (once with ``a2=None``),
