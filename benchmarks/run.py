@@ -14,6 +14,7 @@ with four CPU devices (sharing the cores).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -269,31 +270,44 @@ def cpu_convolution(batch: int) -> None:
         f"default {t_default * 1e3:.1f} ms, ntbridge's options {t_ours * 1e3:.1f} ms")
 
 
-def quick_compile(quick: bool) -> None:
-    """Analytic programs compiled with ntbridge's quick options (XLA's older CPU loop emitters)
-    vs its default ones, from one lowering: compile times, and steady state called alternately.
-    ntbridge uses the quick options for kernels without full-spatial layers (FC, Flatten) only."""
-    from ntbridge.devices import compiler_options
+def compile_options(quick: bool) -> None:
+    """Analytic programs compiled from one lowering with two of ntbridge's CPU options switched: its
+    quick options (XLA's older loop emitters; ntbridge uses them for kernels without full-spatial
+    layers, FC and Flatten, only) against XLA's defaults, and its codegen split (one LLVM module per
+    core) against XLA's (32). Compile times (best of 3, alternately, each from a fresh lowering)
+    and steady state (alternately)."""
+    from ntbridge.devices import CPU_COMPILER_OPTIONS, compiler_options, usable_cores
     workloads = [("FC", fc_model(), (256 if quick else 1024, 784)),
                  ("CNN Flatten 16x16", _cnn("Flatten", 16), (32 if quick else 128, 3, 16, 16)),
                  ("CNN GAP 8x8", _cnn("global avg pool", 8), (8 if quick else 32, 3, 8, 8))]
+    split = "xla_cpu_parallel_codegen_split_count"
     for name, model, shape in workloads:
         task = ntbridge.convert(model).analytic_task(platform="cpu")
         a = to_jax(torch.randn(shape))
-        lowered = jax.jit(lambda a: task.fn(None, a, None)).lower(a)
-        times, programs = {}, {}
-        for kind in ("quick", "default"):  # quick first: it pays what is left of XLA's warm-up
-            t0 = time.perf_counter()
-            programs[kind] = lowered.compile(compiler_options=compiler_options("cpu", kind == "quick"))
-            times[kind] = time.perf_counter() - t0
-        steady = [min(t) for t in interleaved_times(lambda: programs["quick"](a),
-                                                    lambda: programs["default"](a), 5)]
+        ours = compiler_options("cpu", task.quick_compile)
         used = "used" if task.quick_compile else "not used"
-        row(f"quick compile, {name} N={shape[0]}: compile quick / default",
-            times["quick"] / times["default"],
-            f"{times['quick']:.2f} s vs {times['default']:.2f} s; quick options {used} here")
-        row(f"quick compile, {name} N={shape[0]}: steady quick / default", steady[0] / steady[1],
-            f"{steady[0] * 1e3:.1f} ms vs {steady[1] * 1e3:.1f} ms")
+        variants = {
+            "quick compile": (compiler_options("cpu", True), compiler_options("cpu"),
+                              f"quick / default; quick options {used} here"),
+            "codegen split": (ours, {k: v for k, v in ours.items() if k != split},
+                              f"{CPU_COMPILER_OPTIONS[split]} modules ({usable_cores()} cores)"
+                              " / XLA's 32")}
+        for label, (options_a, options_b, detail) in variants.items():
+            times, programs = ([], []), [None, None]
+            for _ in range(3):
+                for i, options in enumerate((options_a, options_b)):
+                    # a fresh lowering each time: JAX keeps what it compiled from one in memory
+                    lowered = jax.jit(functools.partial(task.fn, None)).lower(a, None)
+                    t0 = time.perf_counter()
+                    programs[i] = lowered.compile(compiler_options=options)
+                    times[i].append(time.perf_counter() - t0)
+            compile_a, compile_b = map(min, times)
+            steady_a, steady_b = map(min, interleaved_times(lambda: programs[0](a, None),
+                                                             lambda: programs[1](a, None), 5))
+            row(f"{label}, {name} N={shape[0]}: compile", compile_a / compile_b,
+                f"{compile_a:.2f} s vs {compile_b:.2f} s; {detail}")
+            row(f"{label}, {name} N={shape[0]}: steady", steady_a / steady_b,
+                f"{steady_a * 1e3:.1f} ms vs {steady_b * 1e3:.1f} ms")
 
 
 def empirical_wide_mlp(n: int, repeats: int, device: str) -> None:
@@ -385,7 +399,7 @@ def main() -> None:
     if args.device == "cpu":
         cpu_convolution(50 if args.quick else 250)
         if not args.empirical_only:
-            quick_compile(args.quick)
+            compile_options(args.quick)
     if not args.empirical_only:
         first_call.rows(1 if args.quick else 3, args.nt_python)
         kernel_speed.rows(args.nt_python, quick=args.quick)

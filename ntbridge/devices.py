@@ -37,11 +37,21 @@ def free_bytes(device) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def usable_cores() -> int:
+    """The number of CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 # XLA's CPU compiler hands matrix products, reductions and 2D convolutions to YNNPACK; its
 # convolutions are slower than XLA's own for the batched convolutions of empirical NTKs
 # (benchmarks/run.py, "CPU convolution" row), so ntbridge keeps the other two only.
+# It also splits a program's machine code into up to 32 modules that LLVM compiles in parallel; a
+# module beyond the cores the process may use only adds its fixed cost. One per core compiles FC,
+# Flatten and GAP programs 7-20% faster on 2 cores and runs them as fast ("codegen split" rows of
+# benchmarks/run.py).
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
-                        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
+                        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE",
+                        "xla_cpu_parallel_codegen_split_count": str(min(usable_cores(), 32))}
 
 
 # XLA compiles each CPU loop (fusion) separately, at a fixed cost of about 10-30 ms each, so

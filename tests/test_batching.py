@@ -192,8 +192,8 @@ def test_empirical_and_monte_carlo_batching_invariance(data, batch_size, device_
 
 def test_cpu_compiler_options_keep_convolutions_off_ynnpack(monkeypatch):
     """On CPUs the programs are compiled with ntbridge's XLA options (convolutions stay XLA's own;
-    quick programs with the older loop emitters too); an XLA that rejects them compiles without
-    options, and remembers it; other platforms get none."""
+    quick programs with the older loop emitters too; machine code in one module per core); an XLA
+    that rejects them compiles without options, and remembers it; other platforms get none."""
     import jax
 
     from ntbridge import devices, programs
@@ -203,6 +203,9 @@ def test_cpu_compiler_options_keep_convolutions_off_ynnpack(monkeypatch):
     x, w = jax.numpy.ones((2, 8, 8, 32)), jax.numpy.ones((3, 3, 32, 32))
     cpu = jax.devices("cpu")[:1]
     assert devices.compiler_options("cpu") == devices.CPU_COMPILER_OPTIONS
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    split = devices.CPU_COMPILER_OPTIONS["xla_cpu_parallel_codegen_split_count"]
+    assert split == str(min(cores, 32))
     key = programs.ProgramKey.of("test", "a convolution", (x, w), cpu)
     lower = lambda: conv.lower(x, w)
     assert "ynn_fusion" not in programs.compile(key, lower, cpu).as_text()
