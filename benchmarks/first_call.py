@@ -25,11 +25,23 @@ import sys
 import tempfile
 import time
 
+# Seconds spent in Python's cyclic garbage collector, clocked in both workloads: a full collection
+# scans every object the imports left (torch's too) and falls wherever the allocation counts say.
+GC_CLOCK = """
+import gc, time
+gc_s, gc_started = [0.0], [0.0]
+def gc_clock(phase, info):
+    if phase == "start":
+        gc_started[0] = time.perf_counter()
+    else:
+        gc_s[0] += time.perf_counter() - gc_started[0]
+gc.callbacks.append(gc_clock)
+"""
 # One workload per fresh process: two kernel calls (x2 = None, then a second input set), timed,
 # with XLA's backend compilations counted. Imports (ntbridge's own are made on first use of
 # ntbridge.kernel, Neural Tangents' by "from neural_tangents import stax") are timed apart.
-WORKLOAD = """
-import json, sys, time
+WORKLOAD = GC_CLOCK + """
+import json, sys
 t0 = time.perf_counter()
 import jax, torch, ntbridge
 from torch import nn
@@ -51,17 +63,17 @@ else:
     x, xs = torch.randn(32, 3, 8, 8), torch.randn(16, 3, 8, 8)
 model, x, xs = model.to(dtype), x.to(dtype), xs.to(dtype)
 kernel = ntbridge.kernel  # ntbridge imports its modules on first use: an import, not the call
-imported = time.perf_counter()
+imported, gc0 = time.perf_counter(), gc_s[0]
 kernel(model, x, None)
-first = time.perf_counter()
+first, gc1 = time.perf_counter(), gc_s[0]
 kernel(model, xs, x)
 second = time.perf_counter()
-print(json.dumps({"import_s": imported - t0, "first_s": first - imported,
+print(json.dumps({"import_s": imported - t0, "first_s": first - imported, "gc_s": gc1 - gc0,
                   "second_s": second - first, "compiles": len(compiles)}))
 """
 # The same two calls under Neural Tangents (its own environment; inputs NHWC).
-NT_WORKLOAD = """
-import json, sys, time
+NT_WORKLOAD = GC_CLOCK + """
+import json, sys
 t0 = time.perf_counter()
 import jax, numpy as np
 name, dtype = sys.argv[1], sys.argv[2]
@@ -79,12 +91,12 @@ else:
     x, xs = rng.standard_normal((32, 8, 8, 3)), rng.standard_normal((16, 8, 8, 3))
 x, xs = x.astype(dtype), xs.astype(dtype)
 kernel_fn = jax.jit(stax.serial(*layers)[2], static_argnames="get")
-imported = time.perf_counter()
+imported, gc0 = time.perf_counter(), gc_s[0]
 jax.block_until_ready(kernel_fn(x, None, ("nngp", "ntk")))
-first = time.perf_counter()
+first, gc1 = time.perf_counter(), gc_s[0]
 jax.block_until_ready(kernel_fn(xs, x, ("nngp", "ntk")))
 second = time.perf_counter()
-print(json.dumps({"import_s": imported - t0, "first_s": first - imported,
+print(json.dumps({"import_s": imported - t0, "first_s": first - imported, "gc_s": gc1 - gc0,
                   "second_s": second - first}))
 """
 WORKLOADS = [("FC", "float64"), ("FC", "float32"), ("CNN Flatten", "float32"),
@@ -121,8 +133,9 @@ def first_calls(rounds: int, nt_python: str | None) -> None:
         label = f"{name} {dtype}"
         for what, runs in (("empty cache", cold), ("warm cache", warm)) if nt else ():
             row(f"{label}: first call ({what}) / NT's", median(runs, "first_s") /
-                median(nt, "first_s"), f"ntbridge {median(runs, 'first_s'):.2f} s, NT "
-                f"{median(nt, 'first_s'):.2f} s; imports {median(runs, 'import_s'):.2f} s vs "
+                median(nt, "first_s"), f"ntbridge {median(runs, 'first_s'):.2f} s (GC "
+                f"{median(runs, 'gc_s'):.2f} s), NT {median(nt, 'first_s'):.2f} s (GC "
+                f"{median(nt, 'gc_s'):.2f} s); imports {median(runs, 'import_s'):.2f} s vs "
                 f"{median(nt, 'import_s'):.2f} s; target <= 1x")
         row(f"{label}: compilations, two calls (empty cache)", median(cold, "compiles"),
             f"warm cache: {median(warm, 'compiles'):.0f}; target <= 4 (empty), 0 (warm)")

@@ -271,11 +271,11 @@ def cpu_convolution(batch: int) -> None:
 
 
 def compile_options(quick: bool) -> None:
-    """Analytic programs compiled from one lowering with two of ntbridge's CPU options switched: its
-    quick options (XLA's older loop emitters; ntbridge uses them for kernels without full-spatial
-    layers, FC and Flatten, only) against XLA's defaults, and its codegen split (one LLVM module per
-    core) against XLA's (32). Compile times (best of 3, alternately, each from a fresh lowering)
-    and steady state (alternately)."""
+    """Analytic programs compiled with ntbridge's CPU options changed one way at a time: each kind
+    of program's options (:data:`ntbridge.devices.PROGRAM_OPTIONS`: "vector" for FC, "diagonal"
+    for Flatten heads, none for global pooling) against the defaults, and ntbridge's codegen split
+    (one LLVM module per core) against XLA's (32). Compile times (best of 3, alternately, each from
+    a fresh lowering) and steady state (alternately)."""
     from ntbridge.devices import CPU_COMPILER_OPTIONS, compiler_options, usable_cores
     workloads = [("FC", fc_model(), (256 if quick else 1024, 784)),
                  ("CNN Flatten 16x16", _cnn("Flatten", 16), (32 if quick else 128, 3, 16, 16)),
@@ -284,15 +284,15 @@ def compile_options(quick: bool) -> None:
     for name, model, shape in workloads:
         task = ntbridge.convert(model).analytic_task(platform="cpu")
         a = to_jax(torch.randn(shape))
-        ours = compiler_options("cpu", task.quick_compile)
-        used = "used" if task.quick_compile else "not used"
-        variants = {
-            "quick compile": (compiler_options("cpu", True), compiler_options("cpu"),
-                              f"quick / default; quick options {used} here"),
-            "codegen split": (ours, {k: v for k, v in ours.items() if k != split},
-                              f"{CPU_COMPILER_OPTIONS[split]} modules ({usable_cores()} cores)"
-                              " / XLA's 32")}
-        for label, (options_a, options_b, detail) in variants.items():
+        used = task.program_kind(a)
+        ours = compiler_options("cpu", used)
+        comparisons = [(f"{kind} options", compiler_options("cpu", kind), compiler_options("cpu"),
+                        f"{kind} / default; ntbridge uses {used} here")
+                       for kind in ("vector", "diagonal")]
+        comparisons.append(("codegen split", ours, {k: v for k, v in ours.items() if k != split},
+                            f"{CPU_COMPILER_OPTIONS[split]} modules ({usable_cores()} cores)"
+                            " / XLA's 32"))
+        for label, options_a, options_b, detail in comparisons:
             times, programs = ([], []), [None, None]
             for _ in range(3):
                 for i, options in enumerate((options_a, options_b)):

@@ -49,30 +49,37 @@ def usable_cores() -> int:
 # module beyond the cores the process may use only adds its fixed cost. One per core compiles FC,
 # Flatten and GAP programs 7-20% faster on 2 cores and runs them as fast ("codegen split" rows of
 # benchmarks/run.py).
-CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type":
-                        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE",
+_YNN = "xla_cpu_experimental_ynn_fusion_type"
+CPU_COMPILER_OPTIONS = {_YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE",
                         "xla_cpu_parallel_codegen_split_count": str(min(usable_cores(), 32))}
 
-
-# XLA compiles each CPU loop (fusion) separately, at a fixed cost of about 10-30 ms each, so
-# compiling dominates a first call. Its older loop emitters compile 35-40% faster than its fusion
-# emitters (the default) and run the loops of vector kernels as fast (N = 1024; at N = 256 a
-# call takes 0.3 ms longer); the loops of spatial kernels run slower: same-position covariances
-# (Flatten heads) 1.07-1.19x, every pair of positions (global pooling) 1.3x ("quick compile" rows
-# of benchmarks/run.py). Programs without full-spatial layers are compiled with them
-# (``quick=True``): for Flatten heads a trade of a faster first call for a slower steady state.
-QUICK_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": "False"}  # XLA reads "False", not "false"
+# The options each kind of analytic program takes on top ("vector options" and "diagonal options"
+# rows of benchmarks/run.py, against the defaults; FC at N = 1024, Flatten 16x16 at N = 128):
+# - kernels of vectors (FC): XLA's older loop emitters. XLA compiles each loop (fusion) on its
+#   own, at a fixed cost of 10-30 ms, so compiling dominates a first call; the older emitters
+#   compile these programs in 0.57x the time and run them as fast (1.01x).
+# - same-position covariances of spatial inputs (Flatten heads): the older emitters, and the
+#   reductions left to XLA, fused with the loops that make their operands (YNNPACK's reductions
+#   need those operands in memory: a dozen more loops). Compile 0.52x, steady state 0.64x; the
+#   older emitters alone run them 1.19x slower.
+# - every pair of positions (global pooling): the defaults; either set runs 1.3-1.4x slower.
+PROGRAM_OPTIONS = {
+    "default": {},
+    "vector": {"xla_cpu_use_fusion_emitters": "False"},  # XLA reads "False", not "false"
+    "diagonal": {"xla_cpu_use_fusion_emitters": "False",
+                 _YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
+}
 
 _REJECTED: set[str] = set()  # platforms whose XLA rejected the options (they are experimental)
 
 
-def compiler_options(platform: str, quick: bool = False) -> dict[str, str]:
-    """The XLA options of ntbridge's programs on ``platform``: :data:`CPU_COMPILER_OPTIONS` on
-    CPUs (with :data:`QUICK_COMPILE_OPTIONS` for ``quick`` programs), unless their XLA rejected
+def compiler_options(platform: str, kind: str = "default") -> dict[str, str]:
+    """The XLA options of ntbridge's programs of ``kind`` (a key of :data:`PROGRAM_OPTIONS`) on
+    ``platform``: :data:`CPU_COMPILER_OPTIONS` and the kind's on CPUs, unless their XLA rejected
     them (:func:`reject_options`); none elsewhere."""
     if platform != "cpu" or platform in _REJECTED:
         return {}
-    return {**CPU_COMPILER_OPTIONS, **(QUICK_COMPILE_OPTIONS if quick else {})}
+    return {**CPU_COMPILER_OPTIONS, **PROGRAM_OPTIONS[kind]}
 
 
 def reject_options(platform: str) -> None:

@@ -218,13 +218,13 @@ def _store(path: Path, compiled) -> None:
 
 
 def compile(key: ProgramKey, lower: Callable[[], jax.stages.Lowered],
-            devices: Sequence, quick: bool = False) -> jax.stages.Compiled:
+            devices: Sequence, kind: str = "default") -> jax.stages.Compiled:
     """The program ``key`` for ``devices``: loaded from the disk cache when an earlier process
-    compiled it, else ``lower()`` compiled with ntbridge's compiler options (``quick``: those
-    that compile faster, :func:`ntbridge.devices.compiler_options`) and stored. A key that names
+    compiled it, else ``lower()`` compiled with ntbridge's compiler options for programs of
+    ``kind`` (:func:`ntbridge.devices.compiler_options`) and stored. A key that names
     its program by value finds the entry without lowering it (see the module doc)."""
     platform = devices[0].platform
-    options = compiler_options(platform, quick)
+    options = compiler_options(platform, kind)
     name, lowered = _text((key.purpose, key.computation, key.arguments, key.x64, key.devices)), None
     if name is None:  # the key holds an object known by identity: the program's text names it
         lowered = lower()

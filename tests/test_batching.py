@@ -192,8 +192,8 @@ def test_empirical_and_monte_carlo_batching_invariance(data, batch_size, device_
 
 def test_cpu_compiler_options_keep_convolutions_off_ynnpack(monkeypatch):
     """On CPUs the programs are compiled with ntbridge's XLA options (convolutions stay XLA's own;
-    quick programs with the older loop emitters too; machine code in one module per core); an XLA
-    that rejects them compiles without options, and remembers it; other platforms get none."""
+    machine code in one module per core; each kind of program with its own on top); an XLA that
+    rejects them compiles without options, and remembers it; other platforms get none."""
     import jax
 
     from ntbridge import devices, programs
@@ -209,11 +209,11 @@ def test_cpu_compiler_options_keep_convolutions_off_ynnpack(monkeypatch):
     key = programs.ProgramKey.of("test", "a convolution", (x, w), cpu)
     lower = lambda: conv.lower(x, w)
     assert "ynn_fusion" not in programs.compile(key, lower, cpu).as_text()
-    quick = devices.compiler_options("cpu", quick=True)
-    assert quick == {**devices.CPU_COMPILER_OPTIONS, **devices.QUICK_COMPILE_OPTIONS}
-    np.testing.assert_array_equal(programs.compile(key, lower, cpu, quick=True)(x, w), conv(x, w))
+    for kind, options in devices.PROGRAM_OPTIONS.items():
+        assert devices.compiler_options("cpu", kind) == {**devices.CPU_COMPILER_OPTIONS, **options}
+        np.testing.assert_array_equal(programs.compile(key, lower, cpu, kind)(x, w), conv(x, w))
     assert devices.compiler_options("cpu") == devices.CPU_COMPILER_OPTIONS  # XLA took them all
-    assert devices.compiler_options("gpu") == {} == devices.compiler_options("gpu", quick=True)
+    assert devices.compiler_options("gpu") == {} == devices.compiler_options("gpu", "vector")
     monkeypatch.setattr(devices, "CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": "1"})
     monkeypatch.setattr(devices, "_REJECTED", set())  # restored untouched afterwards
     assert devices.compiler_options("cpu") == {"xla_cpu_no_such_option": "1"}
@@ -222,12 +222,22 @@ def test_cpu_compiler_options_keep_convolutions_off_ynnpack(monkeypatch):
     assert devices.compiler_options("cpu") == {}
 
 
-def test_analytic_programs_compile_quickly_without_full_spatial_layers():
-    """Analytic kernels of vectors and of same-position covariances (a Flatten head) are compiled
-    with the options that compile faster; those holding every pair of positions (global pooling)
-    keep XLA's fusion emitters, which run their shifted sums faster."""
+def test_analytic_programs_take_the_options_of_their_kind(monkeypatch):
+    """The programs of analytic kernels of vectors (FC) and of same-position covariances (a Flatten
+    head) are compiled with the options of their kind; those holding every pair of positions
+    (global pooling) with the defaults."""
+    from ntbridge import devices, programs
+    monkeypatch.setenv("NTBRIDGE_CACHE_DIR", "off")
+    kinds = []
+    monkeypatch.setattr(programs, "compiler_options", lambda platform, kind="default": (
+        kinds.append(kind) or devices.compiler_options(platform, kind)))
     conv = [nn.Conv2d(3, 4, 3), nn.ReLU()]
-    quick = lambda *layers: ntbridge.convert(nn.Sequential(*layers)).analytic_task().quick_compile
-    assert quick(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
-    assert quick(*conv, nn.Flatten(), nn.Linear(4 * 6 * 6, 1))
-    assert not quick(*conv, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 1))
+    cases = [((nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1)), (5, 3), "vector"),
+             ((*conv, nn.Flatten(), nn.Linear(4 * 6 * 6, 1)), (5, 3, 8, 8), "diagonal"),
+             ((*conv, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 1)), (5, 3, 8, 8),
+              "default")]
+    for layers, shape, kind in cases:
+        kinds.clear()
+        programs.clear()  # compiled afresh, not found among the programs of earlier tests
+        ntbridge.kernel(nn.Sequential(*layers), torch.randn(shape), None)
+        assert kinds == [kind]

@@ -243,8 +243,9 @@ class Graph:
                       platform: str | None = None) -> Task:
         """The infinite-width kernels ``get`` as a task for :func:`ntbridge.tiling.compute` on
         ``platform`` (the inputs'): on CPUs, each tile is computed in blocks that stay in cache
-        (:func:`ntbridge.tiling.blocks.in_blocks`); without full-spatial layers its programs are
-        compiled quickly (:func:`ntbridge.devices.compiler_options`)."""
+        (:func:`ntbridge.tiling.blocks.in_blocks`); without full-spatial layers its programs take
+        the XLA options of kernels of vectors or of same-position covariances
+        (:data:`ntbridge.devices.PROGRAM_OPTIONS`)."""
         fn = lambda args, x1, x2, covs=None: _analytic(self.network, x1, x2, get, covs)
         blocks = platform == "cpu" and self.network.pairwise
         power = 2 if self.network.full_spatial else 1  # pairs of positions, or positions
@@ -254,7 +255,12 @@ class Graph:
                     in_blocks(fn, pair_bytes, self.perm, own) if blocks else fn, self.perm,
                     pairwise=self.network.pairwise,
                     exactly_symmetric=lambda a1: blocks and splits(a1, None, pair_bytes),
-                    quick_compile=not self.network.full_spatial)
+                    program_kind=self._program_kind)
+
+    def _program_kind(self, a1: jax.ShapeDtypeStruct) -> str:
+        if self.network.full_spatial:
+            return "default"
+        return "vector" if len(a1.shape) == 2 else "diagonal"
 
     def kernel_fn(self, x1: jax.Array, x2: jax.Array | None = None,
                   get: str | tuple[str, ...] = KERNEL_NAMES):

@@ -22,6 +22,7 @@ import jax
 import torch
 
 from .. import programs
+from ..dlpack import abstract
 from ..stax.kernel import symmetrize
 from .plan import Batching, Tiling
 from .run import Task, abstract_arguments, per_device, plan, sharded, shardings, stack, \
@@ -55,7 +56,7 @@ def _compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor,
                                               tracked, wrt), arguments, devices)
     return programs.cached(key, lambda: programs.compile(
         key, lambda: _program(task, tiling, devices, tracked, wrt).lower(*arguments), devices,
-        task.quick_compile))
+        task.program_kind(abstract(x1))))
 
 
 def _cotangent(grad: torch.Tensor, tiling: Tiling, i: int, j: int, perm) -> torch.Tensor:

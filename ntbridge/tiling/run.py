@@ -53,8 +53,9 @@ class Task:
       exactly_symmetric: ``exactly_symmetric(a1)``, whether ``fn(args, a1, None)`` of a tile like
         ``a1`` (a shape and dtype) is already exactly symmetric; such a whole symmetric kernel in
         one tile is not symmetrized again.
-      quick_compile: compile its programs with the options that compile faster
-        (:func:`ntbridge.devices.compiler_options`); fixed by ``computation``.
+      program_kind: ``program_kind(a1)``, which of ntbridge's sets of XLA options its programs for
+        tiles like ``a1`` take (a key of :data:`ntbridge.devices.PROGRAM_OPTIONS`); fixed by
+        ``computation`` and the inputs' shape.
     """
 
     computation: Hashable
@@ -64,7 +65,8 @@ class Task:
     pairwise: bool = dataclasses.field(default=True, compare=False)
     exactly_symmetric: Callable[[jax.ShapeDtypeStruct], bool] = dataclasses.field(
         default=lambda a1: False, compare=False)
-    quick_compile: bool = dataclasses.field(default=False, compare=False)
+    program_kind: Callable[[jax.ShapeDtypeStruct], str] = dataclasses.field(
+        default=lambda a1: "default", compare=False)
 
 
 def tile_fn(task: Task, tiling: Tiling) -> Callable:
@@ -137,7 +139,7 @@ def compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor) -> Pr
                                  arguments, devices)
     return programs.cached(key, lambda: _analysed(programs.compile(
         key, lambda: _program(task, devices, tiling).lower(*arguments), devices,
-        task.quick_compile)))
+        task.program_kind(abstract(x1)))))
 
 
 def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
