@@ -258,6 +258,7 @@ class Graph:
                     program_kind=self._program_kind)
 
     def _program_kind(self, a1: jax.ShapeDtypeStruct) -> str:
+        """The kind of XLA options (:data:`ntbridge.devices.PROGRAM_OPTIONS`) for inputs like a1."""
         if self.network.full_spatial:
             return "default"
         return "vector" if len(a1.shape) == 2 else "diagonal"
