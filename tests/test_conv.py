@@ -115,6 +115,23 @@ def test_diagonal_and_full_spatial_layouts_agree():
     np.testing.assert_allclose(full.ntk, diagonal.ntk, rtol=NTK_RTOL)
 
 
+@pytest.mark.parametrize("mode", ["constant", "wrap", "reflect", "edge"])
+def test_window_matrix_is_the_window_sum(mode):
+    """The matrix of the diagonal layout sums the same windows as the shifted sums of the full one,
+    for every padding mode, stride and dilation."""
+    from ntbridge.stax.conv import window_matrix, window_reduce
+    rng = np.random.default_rng(0)
+    for length, size, stride, dilation, pad in [(7, 3, 1, 1, (1, 1)), (8, 2, 2, 1, (0, 1)),
+                                                (9, 3, 2, 2, (2, 2)), (5, 4, 1, 1, (2, 1))]:
+        a = rng.standard_normal((2, length))
+        expected = window_reduce(jax.numpy.asarray(a), (1,), size, stride, dilation, pad, mode,
+                                 jax.numpy.add)
+        # float32 sums of at most size * size terms (reflections repeat an input) against exact ones
+        atol = size ** 2 * np.finfo(np.float32).eps * np.abs(a).max()
+        np.testing.assert_allclose(a @ window_matrix(length, size, stride, dilation, pad, mode).T,
+                                   expected, rtol=0, atol=atol)
+
+
 def test_symmetric_psd_and_dtypes():
     model, x = deep_cnn(), torch.randn(7, 3, 6, 6)
     k32, k64 = ntbridge.kernel(model, x), ntbridge.kernel(model.double(), x.double())

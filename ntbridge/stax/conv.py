@@ -3,7 +3,8 @@
 Kernel rule (Neural Tangents' mathematics): output position ``s`` of a convolution sees input
 positions ``p(s, j) = s * stride + j * dilation - pad`` through the weight at offset ``j``, shared by
 all positions, so ``nngp_out[s, s'] = W_std**2 * mean_j nngp_in[p(s, j), p(s', j)] + b_std**2``
-(same ``j`` on both sides; on the diagonal layout ``s = s'``). Zero padding has zero covariance;
+(same ``j`` on both sides; on the diagonal layout ``s = s'``, where the mean over ``j`` along each
+axis is a matrix, :func:`window_matrix`, applied by one product). Zero padding has zero covariance;
 circular, reflect and replicate padding copy input positions, so their covariance is the input's at
 the copied positions (exact). Groups do not change the infinite-width kernel: each group averages
 over its own i.i.d. channels.
@@ -73,6 +74,31 @@ def window_reduce(a: jax.Array, axes: tuple[int, ...], size: int, stride: int, d
         return a[tuple(index)]
 
     return functools.reduce(op, map(window, range(size)))
+
+
+def window_matrix(length: int, size: int, stride: int, dilation: int, pad: tuple[int, int],
+                  mode: str) -> np.ndarray:
+    """``(windows, length)``: :func:`window_reduce` with ``op=add`` along one axis of ``length`` as
+    a linear map, ``out[i] = sum_j a_pad[i * stride + j * dilation]`` (``mode``: a ``jnp.pad``
+    mode; zeros, or copies of input positions).
+
+    Example:
+        >>> window_matrix(3, 2, 1, 1, (1, 0), "constant")
+        array([[1., 0., 0.],
+               [1., 1., 0.],
+               [0., 1., 1.]])
+    """
+    eye = np.pad(np.eye(length), [pad, (0, 0)], mode=mode)  # padded positions as sums of inputs
+    count = window_count(length, size, stride, dilation, pad)
+    return sum(eye[j * dilation: j * dilation + (count - 1) * stride + 1: stride]
+               for j in range(size))
+
+
+def contract(a: jax.Array, m: np.ndarray, axis: int) -> jax.Array:
+    """``a`` with ``m (out, in)`` applied along ``axis``."""
+    out = jnp.tensordot(jnp.asarray(m, a.dtype), a, axes=(1, axis),
+                        precision=jax.lax.Precision.HIGHEST)
+    return jnp.moveaxis(out, 0, axis)
 
 
 def window_patches(x: jax.Array, size: tuple[int, ...], stride: tuple[int, ...],
@@ -165,8 +191,12 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
         return y + params["bias"].reshape(-1, *[1] * ndim) if has_bias else y
 
     def patch_mean(a, n_batch, diagonal_spatial):
-        for axes, *dims in zip(spatial_axes(n_batch, ndim, diagonal_spatial), kernel_size, stride,
-                               dilation, pads):
+        if diagonal_spatial:  # a matrix per axis: compiles and runs faster than shifted sums
+            for d, dims in enumerate(zip(a.shape[n_batch:], kernel_size, stride, dilation, pads)):
+                a = contract(a, window_matrix(*dims, mode) / dims[1], n_batch + d)
+            return a
+        for axes, *dims in zip(spatial_axes(n_batch, ndim, False), kernel_size, stride, dilation,
+                               pads):
             a = window_reduce(a, axes, *dims, mode, jnp.add) / dims[0]
         return a
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
-from .conv import as_tuple, check_spatial_input, window_count, window_reduce
+from .conv import as_tuple, check_spatial_input, contract, window_count, window_reduce
 from .kernel import Kernel, map_arrays, spatial_axes
 from .layers import Layer
 
@@ -56,13 +56,6 @@ def _adaptive_matrix(length: int, count: int) -> np.ndarray:
     return m
 
 
-def _contract(a: jax.Array, m: np.ndarray, axis: int) -> jax.Array:
-    """``a`` with ``m (out, in)`` applied along ``axis``."""
-    out = jnp.tensordot(jnp.asarray(m, a.dtype), a, axes=(1, axis),
-                        precision=jax.lax.Precision.HIGHEST)
-    return jnp.moveaxis(out, 0, axis)
-
-
 def _same_channels(ndim: int, out: Callable) -> Callable:
     """``init_fn`` of a parameter-free pooling with output spatial shape ``out(S)``."""
     def init_fn(key, input_shape):
@@ -84,7 +77,7 @@ def separable_linear(ndim: int, matrices: Matrices, name: str) -> Layer:
 
     def apply_fn(params, x):
         for d, m in enumerate(matrices(x.shape[2:])):
-            x = _contract(x, m, 2 + d)
+            x = contract(x, m, 2 + d)
         return x
 
     def kernel_fn(k: Kernel) -> Kernel:
@@ -96,7 +89,7 @@ def separable_linear(ndim: int, matrices: Matrices, name: str) -> Layer:
         def fn(a, n_batch):
             for m, axes in zip(ms, spatial_axes(n_batch, ndim, False)):
                 for axis in axes:
-                    a = _contract(a, m, axis)
+                    a = contract(a, m, axis)
             return a
 
         out = tuple(m.shape[0] for m in ms)
