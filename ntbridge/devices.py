@@ -63,11 +63,11 @@ CPU_COMPILER_OPTIONS = {_YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION
 #   need those operands in memory: a dozen more loops). Compile 0.52-0.59x, steady state 0.93x;
 #   the older emitters alone run them 1.12-1.19x slower.
 # - every pair of positions (global pooling): the defaults; either set runs 1.3-1.4x slower.
+_OLDER_EMITTERS = {"xla_cpu_use_fusion_emitters": "False"}  # XLA reads "False", not "false"
 PROGRAM_OPTIONS = {
     "default": {},
-    "vector": {"xla_cpu_use_fusion_emitters": "False"},  # XLA reads "False", not "false"
-    "diagonal": {"xla_cpu_use_fusion_emitters": "False",
-                 _YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
+    "vector": _OLDER_EMITTERS,
+    "diagonal": {**_OLDER_EMITTERS, _YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
 }
 
 _REJECTED: set[str] = set()  # platforms whose XLA rejected the options (they are experimental)
