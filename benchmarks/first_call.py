@@ -7,8 +7,18 @@ Every workload runs in fresh processes (as a notebook or a CI job does), alterna
 and with a warm cache directory, so both see the same machine load. With ``--nt-python``, the same
 analytic workloads also run under Neural Tangents 0.6.5 in that interpreter's environment (NHWC
 inputs, ``stax.Conv``/``Flatten``/``GlobalAvgPool``, x64 for float64; its ``kernel_fn`` jitted as its
-README recommends), alternating with ntbridge's processes, and the first calls are compared. That
-environment installs from the registry:
+README recommends), alternating with ntbridge's processes, and the first calls are compared:
+- as they come: each first call carries whatever the imports left to Python's cyclic garbage
+  collector. After ``import torch, jax`` a full collection of their ~240,000 objects is a few
+  thousand allocations away, so it falls in the first thing the process does (ntbridge's first
+  call); Neural Tangents' import (TensorFlow's) happens to end just after one, so its first call
+  carries none. The rows show each side's collection time;
+- after a collection (``gc.collect()`` in both processes before the clock): the work of the call
+  itself, on both sides;
+- and the compilers apart: Neural Tangents' program of each first call (a portable StableHLO
+  artifact) compiled by its jaxlib 0.4.23 and by the JAX ntbridge runs on, and ntbridge's own
+  first-call compilations beside the latter.
+That environment installs from the registry:
 ``python -m venv nt && nt/bin/pip install "jax[cpu]==0.4.23" jaxlib==0.4.23 "numpy<2" "scipy<1.13"
 neural-tangents==0.6.5``. ``run.py`` runs these rows too.
 """
@@ -39,7 +49,8 @@ gc.callbacks.append(gc_clock)
 """
 # One workload per fresh process: two kernel calls (x2 = None, then a second input set), timed,
 # with XLA's backend compilations counted. Imports (ntbridge's own are made on first use of
-# ntbridge.kernel, Neural Tangents' by "from neural_tangents import stax") are timed apart.
+# ntbridge.kernel, Neural Tangents' by "from neural_tangents import stax") are timed apart; with a
+# third argument "collected", a full collection runs between the imports and the clock.
 WORKLOAD = GC_CLOCK + """
 import json, sys
 t0 = time.perf_counter()
@@ -47,7 +58,7 @@ import jax, torch, ntbridge
 from torch import nn
 compiles = []
 jax.monitoring.register_event_duration_secs_listener(
-    lambda event, seconds, **kw: compiles.append(event)
+    lambda event, seconds, **kw: compiles.append(seconds)
     if event == "/jax/core/compile/backend_compile_duration" else None)
 name, dtype = sys.argv[1], getattr(torch, sys.argv[2])
 torch.manual_seed(0)
@@ -63,18 +74,21 @@ else:
     x, xs = torch.randn(32, 3, 8, 8), torch.randn(16, 3, 8, 8)
 model, x, xs = model.to(dtype), x.to(dtype), xs.to(dtype)
 kernel = ntbridge.kernel  # ntbridge imports its modules on first use: an import, not the call
-imported, gc0 = time.perf_counter(), gc_s[0]
+imported = time.perf_counter()
+if sys.argv[3:] == ["collected"]:
+    gc.collect()
+start, gc0 = time.perf_counter(), gc_s[0]
 kernel(model, x, None)
-first, gc1 = time.perf_counter(), gc_s[0]
+first, gc1, compile_s = time.perf_counter(), gc_s[0], sum(compiles)
 kernel(model, xs, x)
 second = time.perf_counter()
-print(json.dumps({"import_s": imported - t0, "first_s": first - imported, "gc_s": gc1 - gc0,
-                  "second_s": second - first, "compiles": len(compiles)}))
+print(json.dumps({"import_s": imported - t0, "first_s": first - start, "gc_s": gc1 - gc0,
+                  "second_s": second - first, "compiles": len(compiles),
+                  "compile_s": compile_s}))
 """
 # The same two calls under Neural Tangents (its own environment; inputs NHWC).
-NT_WORKLOAD = GC_CLOCK + """
-import json, sys
-t0 = time.perf_counter()
+# Neural Tangents' network of each workload and its jitted kernel_fn (its own environment; NHWC).
+NT_MODEL = """
 import jax, numpy as np
 name, dtype = sys.argv[1], sys.argv[2]
 jax.config.update("jax_enable_x64", dtype == "float64")
@@ -91,13 +105,50 @@ else:
     x, xs = rng.standard_normal((32, 8, 8, 3)), rng.standard_normal((16, 8, 8, 3))
 x, xs = x.astype(dtype), xs.astype(dtype)
 kernel_fn = jax.jit(stax.serial(*layers)[2], static_argnames="get")
-imported, gc0 = time.perf_counter(), gc_s[0]
+"""
+# The same two calls under Neural Tangents.
+NT_WORKLOAD = GC_CLOCK + """
+import json, sys
+t0 = time.perf_counter()
+""" + NT_MODEL + """
+imported = time.perf_counter()
+if sys.argv[3:] == ["collected"]:
+    gc.collect()
+start, gc0 = time.perf_counter(), gc_s[0]
 jax.block_until_ready(kernel_fn(x, None, ("nngp", "ntk")))
 first, gc1 = time.perf_counter(), gc_s[0]
 jax.block_until_ready(kernel_fn(xs, x, ("nngp", "ntk")))
 second = time.perf_counter()
-print(json.dumps({"import_s": imported - t0, "first_s": first - imported, "gc_s": gc1 - gc0,
+print(json.dumps({"import_s": imported - t0, "first_s": first - start, "gc_s": gc1 - gc0,
                   "second_s": second - first}))
+"""
+# Neural Tangents' program of the first call, compiled by its own jaxlib 0.4.23 (seconds printed)
+# and written to argv[3] as a portable StableHLO artifact (jax.experimental.export), which the
+# XLA of the JAX ntbridge runs on compiles (OUR_COMPILER). Both compile a trivial program first,
+# so neither counts XLA's start-up; both use XLA's default options.
+NT_PROGRAM = """
+import sys, time
+""" + NT_MODEL + """
+from jax.experimental.export import export as export_module
+program = jax.jit(lambda x: kernel_fn(x, None, ("nngp", "ntk")))
+open(sys.argv[3], "wb").write(export_module.export(program)(x).mlir_module_serialized)
+lowered = program.lower(x)
+jax.jit(lambda a: a + 1).lower(1.0).compile()
+t0 = time.perf_counter()
+lowered.compile()
+print(time.perf_counter() - t0)
+"""
+OUR_COMPILER = """
+import sys, time, jax, jax.extend
+from jax._src.lib import xla_client
+jax.config.update("jax_enable_x64", sys.argv[2] == "float64")
+backend = jax.extend.backend.get_backend("cpu")
+jax.jit(lambda a: a + 1).lower(1.0).compile()
+program = open(sys.argv[3], "rb").read()
+t0 = time.perf_counter()
+backend.compile_and_load(program, xla_client.DeviceList(tuple(backend.local_devices()[:1])),
+                         xla_client.CompileOptions())
+print(time.perf_counter() - t0)
 """
 WORKLOADS = [("FC", "float64"), ("FC", "float32"), ("CNN Flatten", "float32"),
              ("CNN GAP", "float32")]
@@ -117,31 +168,66 @@ def row(name: str, ratio: float, detail: str) -> None:
 
 def first_calls(rounds: int, nt_python: str | None) -> None:
     """Per workload: compilations of two calls, the first call with a warm cache / empty, and
-    (with ``nt_python``) the first call / Neural Tangents' first call."""
+    (with ``nt_python``) the first call / Neural Tangents' first call, as they come and after a
+    collection (see the module doc)."""
     for name, dtype in WORKLOADS:
-        cold, warm, nt = [], [], []
+        runs = {"cold": [], "warm": [], "nt": [], "cold collected": [], "nt collected": []}
         for _ in range(rounds):
-            cache = tempfile.mkdtemp(prefix="ntbridge-bench-cache-")
+            cache, fresh = (tempfile.mkdtemp(prefix="ntbridge-bench-cache-") for _ in range(2))
             try:
-                cold.append(_child([name, dtype], cache))
-                warm.append(_child([name, dtype], cache))
+                runs["cold"].append(_child([name, dtype], cache))
+                runs["warm"].append(_child([name, dtype], cache))
                 if nt_python:
-                    nt.append(_child([name, dtype], cache, nt_python, NT_WORKLOAD))
+                    runs["nt"].append(_child([name, dtype], cache, nt_python, NT_WORKLOAD))
+                    runs["cold collected"].append(_child([name, dtype, "collected"], fresh))
+                    runs["nt collected"].append(
+                        _child([name, dtype, "collected"], cache, nt_python, NT_WORKLOAD))
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
-        median = lambda runs, key: statistics.median(r[key] for r in runs)
+                shutil.rmtree(fresh, ignore_errors=True)
+        median = lambda key, side: statistics.median(r[key] for r in runs[side])
         label = f"{name} {dtype}"
-        for what, runs in (("empty cache", cold), ("warm cache", warm)) if nt else ():
-            row(f"{label}: first call ({what}) / NT's", median(runs, "first_s") /
-                median(nt, "first_s"), f"ntbridge {median(runs, 'first_s'):.2f} s (GC "
-                f"{median(runs, 'gc_s'):.2f} s), NT {median(nt, 'first_s'):.2f} s (GC "
-                f"{median(nt, 'gc_s'):.2f} s); imports {median(runs, 'import_s'):.2f} s vs "
-                f"{median(nt, 'import_s'):.2f} s; target <= 1x")
-        row(f"{label}: compilations, two calls (empty cache)", median(cold, "compiles"),
-            f"warm cache: {median(warm, 'compiles'):.0f}; target <= 4 (empty), 0 (warm)")
-        row(f"{label}: first call, warm / empty cache", median(warm, "first_s") /
-            median(cold, "first_s"), f"empty {median(cold, 'first_s'):.2f} s, warm "
-            f"{median(warm, 'first_s'):.2f} s (median of {rounds}); target <= 0.35x")
+        versus = [("empty cache", "cold", "nt"), ("warm cache", "warm", "nt"),
+                  ("empty cache, after a collection", "cold collected", "nt collected")]
+        for what, ours, theirs in versus if nt_python else ():
+            row(f"{label}: first call ({what}) / NT's", median("first_s", ours) /
+                median("first_s", theirs), f"ntbridge {median('first_s', ours):.2f} s (GC "
+                f"{median('gc_s', ours):.2f} s), NT {median('first_s', theirs):.2f} s (GC "
+                f"{median('gc_s', theirs):.2f} s); imports {median('import_s', ours):.2f} s vs "
+                f"{median('import_s', theirs):.2f} s; target <= 1x")
+        row(f"{label}: compilations, two calls (empty cache)", median("compiles", "cold"),
+            f"warm cache: {median('compiles', 'warm'):.0f}; target <= 4 (empty), 0 (warm)")
+        row(f"{label}: first call, warm / empty cache", median("first_s", "warm") /
+            median("first_s", "cold"), f"empty {median('first_s', 'cold'):.2f} s, warm "
+            f"{median('first_s', 'warm'):.2f} s (median of {rounds}); target <= 0.35x")
+
+
+def compilers(rounds: int, nt_python: str) -> None:
+    """Per workload: Neural Tangents' program compiled by this JAX's XLA / by its jaxlib 0.4.23,
+    and ntbridge's program(s) of the first call / NT's program, both by this JAX's XLA (with a
+    fresh cache directory; ntbridge's with its own options)."""
+    folder = tempfile.mkdtemp(prefix="ntbridge-bench-hlo-")
+    program = os.path.join(folder, "program.mlirbc")
+    seconds = lambda python, code, spec: float(subprocess.run(
+        [python, "-c", code, *spec, program], capture_output=True, text=True,
+        check=True).stdout.split()[-1])
+    try:
+        for spec in WORKLOADS:
+            nt_old, nt_here, ntbridge = [], [], []  # seconds: by NT's XLA, by this one (twice)
+            for _ in range(rounds):
+                nt_old.append(seconds(nt_python, NT_PROGRAM, spec))
+                nt_here.append(seconds(sys.executable, OUR_COMPILER, spec))
+                ntbridge.append(_child(list(spec), folder)["compile_s"])
+                shutil.rmtree(folder, ignore_errors=True)  # an empty cache for the next round
+                os.makedirs(folder)
+            nt_old, nt_here, ntbridge = map(statistics.median, (nt_old, nt_here, ntbridge))
+            label = " ".join(spec)
+            row(f"{label}: NT's program, compile by this XLA / by NT's", nt_here / nt_old,
+                f"{nt_here:.3f} s vs {nt_old:.3f} s (jaxlib 0.4.23), the same StableHLO")
+            row(f"{label}: compile, ntbridge's first call / NT's program", ntbridge / nt_here,
+                f"{ntbridge:.3f} s vs {nt_here:.3f} s, both by this XLA")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def cli_startup(rounds: int) -> None:
@@ -185,6 +271,8 @@ def rows(rounds: int, nt_python: str | None = None) -> None:
     """Every row of this file (``run.py`` calls it)."""
     cli_startup(2 * rounds)
     first_calls(rounds, nt_python)
+    if nt_python:
+        compilers(rounds, nt_python)
 
 
 if __name__ == "__main__":
