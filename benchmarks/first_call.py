@@ -86,7 +86,6 @@ print(json.dumps({"import_s": imported - t0, "first_s": first - start, "gc_s": g
                   "second_s": second - first, "compiles": len(compiles),
                   "compile_s": compile_s}))
 """
-# The same two calls under Neural Tangents (its own environment; inputs NHWC).
 # Neural Tangents' network of each workload and its jitted kernel_fn (its own environment; NHWC).
 NT_MODEL = """
 import jax, numpy as np
