@@ -37,8 +37,10 @@ import time
 
 # Seconds spent in Python's cyclic garbage collector, clocked in both workloads: a full collection
 # scans every object the imports left (torch's too) and falls wherever the allocation counts say.
+# start_clock() starts a first call's clock, after a full collection when the process's third
+# argument is "collected".
 GC_CLOCK = """
-import gc, time
+import gc, sys, time
 gc_s, gc_started = [0.0], [0.0]
 def gc_clock(phase, info):
     if phase == "start":
@@ -46,11 +48,15 @@ def gc_clock(phase, info):
     else:
         gc_s[0] += time.perf_counter() - gc_started[0]
 gc.callbacks.append(gc_clock)
+def start_clock():
+    if sys.argv[3:] == ["collected"]:
+        gc.collect()
+    return time.perf_counter(), gc_s[0]
 """
 # One workload per fresh process: two kernel calls (x2 = None, then a second input set), timed,
 # with XLA's backend compilations counted. Imports (ntbridge's own are made on first use of
-# ntbridge.kernel, Neural Tangents' by "from neural_tangents import stax") are timed apart; with a
-# third argument "collected", a full collection runs between the imports and the clock.
+# ntbridge.kernel, Neural Tangents' by "from neural_tangents import stax") are timed apart, and
+# with a third argument "collected" a full collection runs between them and the clock.
 WORKLOAD = GC_CLOCK + """
 import json, sys
 t0 = time.perf_counter()
@@ -75,9 +81,7 @@ else:
 model, x, xs = model.to(dtype), x.to(dtype), xs.to(dtype)
 kernel = ntbridge.kernel  # ntbridge imports its modules on first use: an import, not the call
 imported = time.perf_counter()
-if sys.argv[3:] == ["collected"]:
-    gc.collect()
-start, gc0 = time.perf_counter(), gc_s[0]
+start, gc0 = start_clock()
 kernel(model, x, None)
 first, gc1, compile_s = time.perf_counter(), gc_s[0], sum(compiles)
 kernel(model, xs, x)
@@ -111,9 +115,7 @@ import json, sys
 t0 = time.perf_counter()
 """ + NT_MODEL + """
 imported = time.perf_counter()
-if sys.argv[3:] == ["collected"]:
-    gc.collect()
-start, gc0 = time.perf_counter(), gc_s[0]
+start, gc0 = start_clock()
 jax.block_until_ready(kernel_fn(x, None, ("nngp", "ntk")))
 first, gc1 = time.perf_counter(), gc_s[0]
 jax.block_until_ready(kernel_fn(xs, x, ("nngp", "ntk")))
@@ -165,10 +167,12 @@ def row(name: str, ratio: float, detail: str) -> None:
     print(f"{name:<52} {ratio:>8.2f}x   {detail}")
 
 
-def first_calls(rounds: int, nt_python: str | None) -> None:
+def first_calls(rounds: int, nt_python: str | None) -> dict[tuple[str, str], float]:
     """Per workload: compilations of two calls, the first call with a warm cache / empty, and
     (with ``nt_python``) the first call / Neural Tangents' first call, as they come and after a
-    collection (see the module doc)."""
+    collection (see the module doc). Returns each workload's first-call compile seconds (median,
+    empty cache)."""
+    compile_s = {}
     for name, dtype in WORKLOADS:
         runs = {"cold": [], "warm": [], "nt": [], "cold collected": [], "nt collected": []}
         for _ in range(rounds):
@@ -185,6 +189,7 @@ def first_calls(rounds: int, nt_python: str | None) -> None:
                 shutil.rmtree(cache, ignore_errors=True)
                 shutil.rmtree(fresh, ignore_errors=True)
         median = lambda key, side: statistics.median(r[key] for r in runs[side])
+        compile_s[name, dtype] = median("compile_s", "cold")
         label = f"{name} {dtype}"
         versus = [("empty cache", "cold", "nt"), ("warm cache", "warm", "nt"),
                   ("empty cache, after a collection", "cold collected", "nt collected")]
@@ -199,12 +204,13 @@ def first_calls(rounds: int, nt_python: str | None) -> None:
         row(f"{label}: first call, warm / empty cache", median("first_s", "warm") /
             median("first_s", "cold"), f"empty {median('first_s', 'cold'):.2f} s, warm "
             f"{median('first_s', 'warm'):.2f} s (median of {rounds}); target <= 0.35x")
+    return compile_s
 
 
-def compilers(rounds: int, nt_python: str) -> None:
+def compilers(rounds: int, nt_python: str, compile_s: dict[tuple[str, str], float]) -> None:
     """Per workload: Neural Tangents' program compiled by this JAX's XLA / by its jaxlib 0.4.23,
-    and ntbridge's program(s) of the first call / NT's program, both by this JAX's XLA (with a
-    fresh cache directory; ntbridge's with its own options)."""
+    and ntbridge's program(s) of the first call (``compile_s``, with an empty cache and its own
+    options) / NT's program, both by this JAX's XLA."""
     folder = tempfile.mkdtemp(prefix="ntbridge-bench-hlo-")
     program = os.path.join(folder, "program.mlirbc")
     seconds = lambda python, code, spec: float(subprocess.run(
@@ -212,14 +218,12 @@ def compilers(rounds: int, nt_python: str) -> None:
         check=True).stdout.split()[-1])
     try:
         for spec in WORKLOADS:
-            nt_old, nt_here, ntbridge = [], [], []  # seconds: by NT's XLA, by this one (twice)
+            nt_old, nt_here = [], []  # seconds: by NT's XLA, by this one
             for _ in range(rounds):
                 nt_old.append(seconds(nt_python, NT_PROGRAM, spec))
                 nt_here.append(seconds(sys.executable, OUR_COMPILER, spec))
-                ntbridge.append(_child(list(spec), folder)["compile_s"])
-                shutil.rmtree(folder, ignore_errors=True)  # an empty cache for the next round
-                os.makedirs(folder)
-            nt_old, nt_here, ntbridge = map(statistics.median, (nt_old, nt_here, ntbridge))
+            nt_old, nt_here = statistics.median(nt_old), statistics.median(nt_here)
+            ntbridge = compile_s[spec]
             label = " ".join(spec)
             row(f"{label}: NT's program, compile by this XLA / by NT's", nt_here / nt_old,
                 f"{nt_here:.3f} s vs {nt_old:.3f} s (jaxlib 0.4.23), the same StableHLO")
@@ -269,9 +273,9 @@ def main() -> None:
 def rows(rounds: int, nt_python: str | None = None) -> None:
     """Every row of this file (``run.py`` calls it)."""
     cli_startup(2 * rounds)
-    first_calls(rounds, nt_python)
+    compile_s = first_calls(rounds, nt_python)
     if nt_python:
-        compilers(rounds, nt_python)
+        compilers(rounds, nt_python, compile_s)
 
 
 if __name__ == "__main__":
