@@ -26,7 +26,9 @@ import torch
 from torch import nn
 
 import ntbridge
+from ntbridge import analytic
 from ntbridge.dlpack import shares_memory, to_jax, to_torch
+from ntbridge.specs import Analytic
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import first_call  # noqa: E402  (this folder's first-call rows)
@@ -282,7 +284,7 @@ def compile_options(quick: bool) -> None:
                  ("CNN GAP 8x8", _cnn("global avg pool", 8), (8 if quick else 32, 3, 8, 8))]
     split = "xla_cpu_parallel_codegen_split_count"
     for name, model, shape in workloads:
-        task = ntbridge.convert(model).analytic_task(platform="cpu")
+        task = analytic.task(Analytic(), ntbridge.convert(model), None, None, "cpu")[0]
         a = to_jax(torch.randn(shape))
         used = task.program_kind(a)
         ours = compiler_options("cpu", used)

@@ -24,10 +24,10 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 __version__ = "0.1.0"
 
 _EXPORTS = {  # public name -> (module, attribute)
-    "Estimate": ("api", "Estimate"), "empirical_nngp": ("api", "empirical_nngp"),
+    "Estimate": ("results", "Estimate"), "empirical_nngp": ("api", "empirical_nngp"),
     "empirical_ntk": ("api", "empirical_ntk"), "kernel": ("api", "kernel"),
     "monte_carlo": ("api", "monte_carlo"), "nngp": ("api", "nngp"), "ntk": ("api", "ntk"),
-    "Graph": ("converters", "Graph"), "Kernels": ("converters", "Kernels"),
+    "Graph": ("converters", "Graph"), "Kernels": ("results", "Kernels"),
     "convert": ("converters", "convert"), "register_converter": ("converters", "register"),
 }
 _MODULES = ("analysis", "errors", "predict", "programs", "stax", "testing", "tiling")
@@ -35,10 +35,10 @@ __all__ = sorted([*_EXPORTS, *_MODULES])
 
 if TYPE_CHECKING:  # what the lazy imports bind, for type checkers and editors
     from . import analysis, errors, predict, programs, stax, testing, tiling  # noqa: F401
-    from .api import (Estimate, empirical_nngp, empirical_ntk, kernel, monte_carlo,  # noqa: F401
-                      nngp, ntk)
-    from .converters import Graph, Kernels, convert  # noqa: F401
+    from .api import empirical_nngp, empirical_ntk, kernel, monte_carlo, nngp, ntk  # noqa: F401
+    from .converters import Graph, convert  # noqa: F401
     from .converters import register as register_converter  # noqa: F401
+    from .results import Estimate, Kernels  # noqa: F401
 
 
 def __getattr__(name: str):

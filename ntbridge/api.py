@@ -16,20 +16,20 @@ Conventions (see each function):
 from __future__ import annotations
 
 import copy
-import functools
-from typing import Iterator, NamedTuple, Sequence
+import dataclasses
+from typing import Iterable, Sequence
 
-from torch import nn
 import torch
+from torch import nn
 
-from .converters import Kernels
+from .converters.families import examples_interact
 from .converters.registry import StdOption
-from .devices import platform_of
-from .dlpack import abstract, describe
-from .empirical import IMPLEMENTATIONS, Moments, int_tuple, nngp_task, ntk_task, sample_task
+from .empirical import Moments, running, sample_counts
 from .empirical.reinit import check_resettable, reinitialise
-from .errors import InputError, InputTypeError
-from .pipeline import Request, route, run
+from .errors import InputError
+from .pipeline import Prepared, Request, execute, prepare, run
+from .results import Kernels
+from .specs import Analytic, EmpiricalNNGP, EmpiricalNTK, MonteCarlo
 from .tiling import Batching
 
 
@@ -37,7 +37,7 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
            get: str | Sequence[str] = ("nngp", "ntk"), *, parameterization: str = "standard",
            init: str = "torch", W_std: StdOption = None, b_std: StdOption = None,
            batch_size: int | None = None, device_count: int = -1, store_on_device: bool = True,
-           progress: bool | None = None, out: str | None = None):
+           progress: bool | None = None, out: str | None = None, return_info: bool = False):
     """Infinite-width NNGP and/or NTK of ``model``'s architecture, in closed form.
 
     Args:
@@ -50,6 +50,8 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
       batch_size, device_count, store_on_device, progress, out: tiling over (N1, N2), devices,
         where the result is kept, a progress bar, and a ``.npy`` file to write it to (resumable);
         see ``ntbridge.tiling.Batching``.
+      return_info: also return a :class:`~ntbridge.tiling.TilingInfo` (tiles, those computed by
+        this call, tile size and memory).
 
     Returns:
       ``(N1, N2)`` kernels per output unit (the full kernel is ``K ⊗ I``), on x1's device (on the
@@ -62,20 +64,12 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
         >>> k.ntk.shape, k.nngp.shape
         (torch.Size([5, 5]), torch.Size([5, 5]))
     """
-    names = (get,) if isinstance(get, str) else tuple(get)
-    if not names or any(n not in ("nngp", "ntk") for n in names):
-        raise InputError(f"get must be 'nngp', 'ntk' or a sequence of them, got {get!r}.")
-    get = get if isinstance(get, str) else names
-
-    def task(graph, x1, x2):
-        graph.check_init()
-        return graph.analytic_task(get, platform_of(x1)), None
-
-    result, _, _ = run(Request(model, x1, x2, task,
-                               Batching(batch_size, device_count, store_on_device, progress, out),
-                               dict(parameterization=parameterization, init=init, W_std=W_std,
-                                    b_std=b_std)))
-    return result if isinstance(get, str) else Kernels(*result)
+    outcome = run(Request(model, x1, x2, Analytic(get),
+                          Batching(batch_size, device_count, store_on_device, progress, out),
+                          dict(parameterization=parameterization, init=init, W_std=W_std,
+                               b_std=b_std)))
+    result = outcome.result if isinstance(get, str) else Kernels(*outcome.result)
+    return (result, outcome.tiling) if return_info else result
 
 
 def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, **opts) -> torch.Tensor:
@@ -96,15 +90,10 @@ def nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, **o
     return kernel(model, x1, x2, "nngp", **opts)
 
 
-def _examples_interact(model: nn.Module) -> bool:
-    """Whether an example's output depends on the others in the batch (BatchNorm using batch
-    statistics)."""
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm)
-               and (m.training or m.running_mean is None) for m in model.modules())
-
-
 def _empirical_batching(model: nn.Module, options: dict) -> tuple[Batching, bool]:
-    batching, interact = Batching(**options), _examples_interact(model)
+    """The batching of an empirical kernel, and whether the model's examples interact (then in
+    one tile)."""
+    batching, interact = Batching(**options), examples_interact(model)
     if interact:
         if batching.batch_size or batching.device_count not in (-1, 1):
             raise InputError("the model's examples interact (BatchNorm using batch statistics), "
@@ -112,24 +101,6 @@ def _empirical_batching(model: nn.Module, options: dict) -> tuple[Batching, bool
                              "or put the model in eval mode (model.eval()).")
         batching = Batching(0, 1, batching.store_on_device, batching.progress, batching.out)
     return batching, interact
-
-
-def _axes(trace_axes, diagonal_axes) -> dict:
-    return dict(trace_axes=int_tuple(trace_axes, "trace_axes"),
-                diagonal_axes=int_tuple(diagonal_axes, "diagonal_axes"))
-
-
-def _ntk(implementation: str, by_layer: bool, interact: bool, axes: dict):
-    """The task builder of the empirical NTK (see :class:`~ntbridge.pipeline.Request`)."""
-    return lambda graph, x1, x2: ntk_task(
-        graph, abstract(x1), None if x2 is None else abstract(x2), implementation=implementation,
-        by_layer=by_layer, interact=interact, platform=platform_of(x1), **axes)
-
-
-def _nngp(interact: bool, axes: dict):
-    """The task builder of the empirical NNGP."""
-    return lambda graph, x1, x2: nngp_task(graph, abstract(x1), None if x2 is None else abstract(x2),
-                                           interact=interact, **axes)
 
 
 def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *,
@@ -174,12 +145,10 @@ def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = 
         >>> info.implementation
         'structured'
     """
-    if implementation not in IMPLEMENTATIONS:
-        raise InputError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}.")
+    spec = EmpiricalNTK(implementation, trace_axes, diagonal_axes, by_layer)
     batching, interact = _empirical_batching(model, batching_options)
-    task = _ntk(implementation, bool(by_layer), interact, _axes(trace_axes, diagonal_axes))
-    k, info, _ = run(Request(model, x1, x2, task, batching, empirical=True))
-    return (k, info) if return_info else k
+    outcome = run(Request(model, x1, x2, dataclasses.replace(spec, interact=interact), batching))
+    return (outcome.result, outcome.info) if return_info else outcome.result
 
 
 def empirical_nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *,
@@ -194,38 +163,9 @@ def empirical_nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None =
         >>> ntbridge.empirical_nngp(model, x1).shape
         torch.Size([20, 20])
     """
+    spec = EmpiricalNNGP(trace_axes, diagonal_axes)
     batching, interact = _empirical_batching(model, batching_options)
-    task = _nngp(interact, _axes(trace_axes, diagonal_axes))
-    return run(Request(model, x1, x2, task, batching, empirical=True))[0]
-
-
-class Estimate(NamedTuple):
-    """A Monte-Carlo kernel estimate: the mean over ``n_samples`` initialisations and its
-    standard error (same shape), as torch tensors.
-
-    Example:
-        >>> ntbridge.monte_carlo(model, torch.randn(8, 16), n_samples=100)  # the README's model
-        Estimate(mean=(8, 8) float32 cpu, n_samples=100, mean standard error 0.269)
-    """
-
-    mean: torch.Tensor
-    standard_error: torch.Tensor
-    n_samples: int
-
-    def __repr__(self) -> str:
-        return (f"Estimate(mean={describe(self.mean)}, n_samples={self.n_samples}, "
-                f"mean standard error {self.standard_error.mean().item():.3g})")
-
-
-def _sample_counts(n_samples) -> list[int]:
-    counts = [n_samples] if isinstance(n_samples, int) and not isinstance(n_samples, bool) else n_samples
-    try:
-        counts = [int(c) for c in counts]
-    except (TypeError, ValueError):
-        raise InputTypeError(f"n_samples must be an int or a list of ints, got {n_samples!r}.") from None
-    if not counts or counts[0] < 1 or any(b <= a for a, b in zip(counts, counts[1:])):
-        raise InputError(f"n_samples must be >= 1 (a list: increasing), got {n_samples!r}.")
-    return counts
+    return run(Request(model, x1, x2, dataclasses.replace(spec, interact=interact), batching)).result
 
 
 def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *,
@@ -259,56 +199,37 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
         >>> est.mean.shape, est.standard_error.shape
         (torch.Size([8, 8]), torch.Size([8, 8]))
     """
-    if get not in ("ntk", "nngp"):
-        raise InputError(f"get must be 'ntk' or 'nngp', got {get!r}.")
-    counts = _sample_counts(n_samples)
+    counts = sample_counts(n_samples)
+    spec = MonteCarlo(get, seed, 0, counts[0], trace_axes, diagonal_axes)
     batching = Batching(batch_size, device_count, store_on_device, progress)
-    conversion = dict(init=init, W_std=W_std, b_std=b_std)
-    axes = _axes(trace_axes, diagonal_axes)
-    if route(Request(model, x1, x2, _samples, conversion=conversion, empirical=True)) != "layers":
+    prepared = prepare(Request(model, x1, x2, spec, batching, dict(init=init, W_std=W_std,
+                                                                     b_std=b_std)))
+    if prepared.graph.path == "layers":
+        draw = lambda start, stop: [Moments(stop - start, *execute(prepared, dataclasses.replace(
+            spec, start=start, count=stop - start)).result)]
+    else:
         if (init, W_std, b_std) != ("torch", None, None):
             raise InputError("init, W_std and b_std choose the init of converted models; this model "
                              "has no converter, so monte_carlo draws its initialisations with its "
                              "modules' own reset_parameters(): drop init, W_std and b_std.")
-        estimates = _translated_samples(model, x1, x2, get, seed, axes, batching, counts)
-        return next(estimates) if isinstance(n_samples, int) else estimates
-
-    def running():
-        moments, done = None, 0
-        for count in counts:
-            task = functools.partial(_samples, get=get, seed=seed, start=done, count=count - done,
-                                     **axes)
-            (mean, m2), _, _ = run(Request(model, x1, x2, task, batching, conversion,
-                                           empirical=True))
-            part = Moments(count - done, mean, m2)
-            moments = part if moments is None else moments.merge(part)
-            done = count
-            # the running mean feeds the next merge: a yielded estimate is the caller's own copy
-            yield Estimate(moments.mean.clone(), moments.standard_error, count)
-
-    if isinstance(n_samples, int):
-        return next(running())
-    return running()
+        draw = _reset_draws(prepared, spec)
+    estimates = running(counts, draw)
+    return next(estimates) if isinstance(n_samples, int) else estimates
 
 
-def _samples(graph, x1, x2, **options):
-    return sample_task(graph, abstract(x1), **options)
+def _reset_draws(prepared: Prepared, spec: MonteCarlo):
+    """``draw(start, stop)``: the moments of each sample ``start <= s < stop`` of a model without a
+    converter, re-initialised torch-side (see :func:`monte_carlo`), one empirical kernel each."""
+    request = prepared.request
+    check_resettable(request.model)
+    sample = copy.deepcopy(request.model).requires_grad_(False)  # the user's model keeps its weights
+    axes = (spec.trace_axes, spec.diagonal_axes)
+    kernel = EmpiricalNTK("auto", *axes) if spec.get == "ntk" else EmpiricalNNGP(*axes)
 
+    def draw(start: int, stop: int) -> Iterable[Moments]:
+        for s in range(start, stop):
+            reinitialise(sample, spec.seed, s)
+            k = run(dataclasses.replace(request, spec=kernel, conversion={}, weights=sample)).result
+            yield Moments(1, k, torch.zeros_like(k))
 
-def _translated_samples(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, get: str,
-                        seed: int, axes: dict, batching: Batching,
-                        counts: list[int]) -> Iterator[Estimate]:
-    """The running :class:`Estimate` at each of ``counts``, from torch-side re-initialisations of
-    a copy of ``model`` (see :func:`monte_carlo`), one empirical kernel per sample."""
-    check_resettable(model)
-    sample = copy.deepcopy(model).requires_grad_(False)  # the user's model keeps its weights
-    task = _ntk("auto", False, False, axes) if get == "ntk" else _nngp(False, axes)
-    moments, done = None, 0
-    for count in counts:
-        for s in range(done, count):
-            reinitialise(sample, seed, s)
-            k, _, _ = run(Request(model, x1, x2, task, batching, empirical=True, weights=sample))
-            part = Moments(1, k, torch.zeros_like(k))
-            moments = part if moments is None else moments.merge(part)
-        done = count
-        yield Estimate(moments.mean.clone(), moments.standard_error, count)
+    return draw

@@ -21,14 +21,10 @@ input exits with status 2 and a message on stderr.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import os
-import pickle
 import sys
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,14 +32,12 @@ if TYPE_CHECKING:  # annotations only: the subcommands that compute import torch
     import torch
     from torch import nn
 
+from . import files
 from .errors import NtbridgeError
+from .files import BadInput
 from .options import IMPLEMENTATIONS
 
 BAD_INPUT = 2
-
-
-class BadInput(Exception):
-    """An argument of the command is unusable; the message says why and what to do."""
 
 
 def _mlp(width: int, d_in: int = 16) -> nn.Sequential:
@@ -65,106 +59,6 @@ def _progress() -> bool:
     return sys.stderr.isatty()
 
 
-# ---- loading models, weights and tensors without unpickling arbitrary objects ----
-
-def _load_callable(spec: str) -> Callable:
-    module_name, sep, attr = spec.partition(":")
-    if not (sep and module_name and attr):
-        raise BadInput(f"MODEL must be 'package.module:callable', got {spec!r}.")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj = importlib.import_module(module_name)
-    except ImportError as e:
-        raise BadInput(f"cannot import module {module_name!r} of MODEL {spec!r}: {e}.") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise BadInput(f"module {module_name!r} has no attribute {attr!r} (MODEL {spec!r}).")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise BadInput(f"MODEL {spec!r} is not callable.")
-    return obj
-
-
-def _module(obj, spec: str) -> nn.Module:
-    from torch import nn
-    if not isinstance(obj, nn.Module):
-        raise BadInput(f"MODEL {spec!r} returned {type(obj).__name__}, not a torch.nn.Module.")
-    return obj
-
-
-def _torch_load(path: str, what: str):
-    """``torch.load(weights_only=True)``: tensors and plain containers only, never other objects."""
-    import torch
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise BadInput(f"refused {what} {path!r}: it contains pickled Python objects other than "
-                       f"tensors, and this command never unpickles arbitrary objects. Save plain "
-                       f"tensors instead, e.g. torch.save(model.state_dict(), path).") from None
-    except (OSError, RuntimeError, EOFError) as e:
-        raise BadInput(f"cannot read {what} {path!r}: {e}") from None
-
-
-def _load_weights(model: nn.Module, path: str) -> None:
-    import torch
-    state = _torch_load(path, "weights file")
-    if not (isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values())):
-        raise BadInput(f"weights file {path!r} must hold a state dict (torch.save(model.state_dict(), "
-                       f"path)), got {type(state).__name__}.")
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise BadInput(f"weights file {path!r} does not fit the model: {e}") from None
-
-
-def _load_array(path: str, name: str) -> np.ndarray:
-    """A numeric array from ``.npy`` (no pickles) or ``.pt`` (a tensor, ``weights_only``)."""
-    suffix = Path(path).suffix
-    if suffix == ".npy":
-        try:
-            a = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise BadInput(f"cannot read {name} {path!r} as a .npy array without pickles: {e}") from None
-    elif suffix == ".pt":
-        import torch
-        a = _torch_load(path, name)
-        if not isinstance(a, torch.Tensor):
-            raise BadInput(f"{name} {path!r} must hold one tensor, got {type(a).__name__}.")
-        a = a.detach().cpu().numpy()
-    else:
-        raise BadInput(f"{name} {path!r}: inputs are .npy or .pt files.")
-    if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)
-            or a.dtype == np.bool_):
-        raise BadInput(f"{name} {path!r} is not numeric (dtype {a.dtype}).")
-    return a
-
-
-def _load_input(path: str | None, name: str) -> torch.Tensor | None:
-    import torch
-    return None if path is None else torch.from_numpy(_load_array(path, name))
-
-
-def _save(k: torch.Tensor, path: str) -> None:
-    if Path(path).suffix == ".pt":
-        import torch
-        torch.save(k.detach().cpu().clone(), path)
-    elif Path(path).suffix == ".npy":
-        np.save(path, k.detach().cpu().numpy())
-    else:
-        raise BadInput(f"--out {path!r}: write a .npy or .pt file.")
-
-
-def _widths(text: str) -> list[int]:
-    try:
-        widths = [int(w) for w in text.split(",")]
-    except ValueError:
-        raise BadInput(f"--widths must be comma-separated ints, got {text!r}.") from None
-    if min(widths) < 1:
-        raise BadInput(f"--widths must be positive, got {text!r}.")
-    return widths
-
-
 # ---- subcommands ----
 
 def _write_plot(sweep, path: str) -> str | None:
@@ -178,13 +72,13 @@ def _write_plot(sweep, path: str) -> str | None:
 def demo(args) -> int:
     import torch
 
-    import ntbridge
+    from . import analysis, api
 
-    widths = _widths(args.widths)
+    widths = files.widths(args.widths)
     x = torch.randn(args.n, 16, generator=torch.Generator().manual_seed(0))
     start = time.perf_counter()
-    k = ntbridge.kernel(_mlp(widths[0]), x, parameterization="ntk")
-    sweep = ntbridge.analysis.width_sweep(_mlp, widths, x, n_seeds=args.seeds,
+    k = api.kernel(_mlp(widths[0]), x, parameterization="ntk")
+    sweep = analysis.width_sweep(_mlp, widths, x, n_seeds=args.seeds,
                                           implementation="structured", progress=_progress())
     plot = _write_plot(sweep, args.plot)
     if args.json:
@@ -206,21 +100,21 @@ def demo(args) -> int:
 
 
 def kernel(args) -> int:
-    import ntbridge
+    from . import api
 
-    model = _module(_load_callable(args.model)(), args.model)
+    model = files.module(files.load_callable(args.model)(), args.model)
     if args.weights:
-        _load_weights(model, args.weights)
-    x1, x2 = _load_input(args.x1, "--x1"), _load_input(args.x2, "--x2")
+        files.load_weights(model, args.weights)
+    x1, x2 = files.load_input(args.x1, "--x1"), files.load_input(args.x2, "--x2")
     if x1.is_floating_point():
         model = model.to(x1.dtype)
     start = time.perf_counter()
     if args.get == "empirical":
-        k = ntbridge.empirical_ntk(model, x1, x2)
+        k = api.empirical_ntk(model, x1, x2)
     else:
-        k = ntbridge.kernel(model, x1, x2, args.get, parameterization=args.parameterization)
+        k = api.kernel(model, x1, x2, args.get, parameterization=args.parameterization)
     seconds = time.perf_counter() - start
-    _save(k, args.out)
+    files.save(k, args.out)
     info = {"get": args.get, "shape": list(k.shape), "dtype": str(k.dtype).removeprefix("torch."),
             "out": args.out, "seconds": seconds}
     if args.json:
@@ -232,15 +126,14 @@ def kernel(args) -> int:
 
 
 def sweep(args) -> int:
-    import ntbridge
+    from .analysis import width_sweep
 
-    factory = _load_callable(args.model_factory)
-    build = lambda width: _module(factory(width), args.model_factory)
-    x1, x2 = _load_input(args.x1, "--x1"), _load_input(args.x2, "--x2")
-    result = ntbridge.analysis.width_sweep(build, _widths(args.widths), x1, x2, n_seeds=args.seeds,
-                                           parameterization=args.parameterization,
-                                           implementation=args.implementation,
-                                           progress=_progress())
+    factory = files.load_callable(args.model_factory)
+    build = lambda width: files.module(factory(width), args.model_factory)
+    x1, x2 = files.load_input(args.x1, "--x1"), files.load_input(args.x2, "--x2")
+    result = width_sweep(build, files.widths(args.widths), x1, x2, n_seeds=args.seeds,
+                         parameterization=args.parameterization,
+                         implementation=args.implementation, progress=_progress())
     if args.plot:
         result.plot(args.plot)
     if args.csv:
@@ -258,7 +151,7 @@ def sweep(args) -> int:
 def compare(args) -> int:
     from .testing import compare_kernels
 
-    expected, actual = _load_array(args.expected, "expected"), _load_array(args.actual, "actual")
+    expected, actual = files.load_array(args.expected, "expected"), files.load_array(args.actual, "actual")
     if expected.shape != actual.shape:
         raise BadInput(f"expected has shape {expected.shape} but actual has shape {actual.shape}.")
     result = compare_kernels(actual.astype(np.float64), expected.astype(np.float64),

@@ -43,26 +43,19 @@ def usable_cores() -> int:
 
 
 # XLA's CPU compiler hands matrix products, reductions and 2D convolutions to YNNPACK; its
-# convolutions are slower than XLA's own for the batched convolutions of empirical NTKs
-# (benchmarks/run.py, "CPU convolution" row), so ntbridge keeps the other two only.
-# It also splits a program's machine code into up to 32 modules that LLVM compiles in parallel; a
-# module beyond the cores the process may use only adds its fixed cost. One per core compiles FC,
-# Flatten and GAP programs in 0.80-0.93x the time on 2 busy cores, 0.95-0.99x on idle ones, and
-# runs them as fast ("codegen split" rows of benchmarks/run.py).
+# convolutions are slower for the batched convolutions of empirical NTKs, so ntbridge keeps the
+# other two only. Machine code goes into one LLVM module per usable core (XLA's default is 32, and
+# each module beyond the cores only adds its fixed cost). Measurements: benchmarks/README.md.
 _YNN = "xla_cpu_experimental_ynn_fusion_type"
 CPU_COMPILER_OPTIONS = {_YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE",
                         "xla_cpu_parallel_codegen_split_count": str(min(usable_cores(), 32))}
 
-# The options each kind of analytic program takes on top ("vector options" and "diagonal options"
-# rows of benchmarks/run.py, against the defaults; FC at N = 1024, Flatten 16x16 at N = 128):
-# - kernels of vectors (FC): XLA's older loop emitters. XLA compiles each loop (fusion) on its
-#   own, at a fixed cost of 10-30 ms, so compiling dominates a first call; the older emitters
-#   compile these programs in 0.57-0.68x the time and run them as fast (1.01-1.04x).
+# The options each kind of analytic program takes on top (benchmarks/README.md):
+# - kernels of vectors (FC): XLA's older loop emitters, which compile a program's many small
+#   fusions faster and run them as fast;
 # - same-position covariances of spatial inputs (Flatten heads): the older emitters, and the
-#   reductions left to XLA, fused with the loops that make their operands (YNNPACK's reductions
-#   need those operands in memory: a dozen more loops). Compile 0.52-0.59x, steady state 0.93x;
-#   the older emitters alone run them 1.12-1.19x slower.
-# - every pair of positions (global pooling): the defaults; either set runs 1.3-1.4x slower.
+#   reductions left to XLA, fused with the loops that make their operands;
+# - every pair of positions (global pooling): the defaults, faster there.
 _OLDER_EMITTERS = {"xla_cpu_use_fusion_emitters": "False"}  # XLA reads "False", not "false"
 PROGRAM_OPTIONS = {
     "default": {},

@@ -119,8 +119,8 @@ def shares_memory(t: torch.Tensor, a: jax.Array) -> bool:
 
 def all_finite(t: torch.Tensor) -> bool:
     """Whether every entry of ``t`` is finite. A CPU tensor is checked by numpy, in one thread
-    (torch's threaded reductions stall, 10-40x slower, when the cores are busy, e.g. by XLA's
-    threads after a program); others by a finite sum, else every entry (the sum may overflow).
+    (torch's threaded reductions stall when the cores are busy, e.g. with XLA's threads after a
+    program); others by a finite sum, else every entry (the sum may overflow).
 
     Example:
         >>> all_finite(torch.tensor([1.0, float("inf")]))

@@ -29,7 +29,7 @@ import torch
 from .converters.graph import Graph
 from .dlpack import Differentiable, precision
 from .errors import InputError
-from .tiling import Batching, Task
+from .tiling import Batching, Task, TilingInfo
 from .tiling import compute as compute_tiles
 from .tiling.backward import vjp
 
@@ -56,10 +56,11 @@ class _Kernel:
     opts: Batching
     tracked: tuple[int, ...]
     treedef: Any = None
+    tiling: TilingInfo | None = None
 
     def forward(self) -> list[torch.Tensor]:
-        leaves, self.treedef = jax.tree.flatten(compute_tiles(self.task, self.x1, self.x2,
-                                                              self.opts))
+        result, self.tiling = compute_tiles(self.task, self.x1, self.x2, self.opts)
+        leaves, self.treedef = jax.tree.flatten(result)
         return leaves
 
     def backward(self, grads: Sequence[torch.Tensor],
@@ -74,16 +75,16 @@ class _Kernel:
 
 
 def compute(task: Task, inputs: tuple[torch.Tensor, torch.Tensor | None], x1: torch.Tensor,
-            x2: torch.Tensor | None, opts: Batching, graph: Graph) -> Any:
+            x2: torch.Tensor | None, opts: Batching, graph: Graph) -> tuple[Any, TilingInfo]:
     """:func:`ntbridge.tiling.compute` of ``task`` on the validated ``x1``, ``x2``, with autograd
     history when grad mode is on and the user's ``inputs`` (x1, x2 as given) or the tracked model
     parameters require grad (with ``out=``, inputs that require grad are refused and parameters
     are not tracked).
 
-    Returns the task's pytree of ``(N1, N2, ...)`` torch tensors.
+    Returns the task's pytree of ``(N1, N2, ...)`` torch tensors, and how it was tiled.
 
     Example:
-        >>> k = compute(task, (request.x1, request.x2), x1, x2, batching, graph)
+        >>> k, tiling = compute(task, (request.x1, request.x2), x1, x2, batching, graph)
     """
     wanted = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
     if wanted and opts.out is not None:
@@ -95,4 +96,4 @@ def compute(task: Task, inputs: tuple[torch.Tensor, torch.Tensor | None], x1: to
         return compute_tiles(task, x1, x2, opts)
     kernel = _Kernel(task, x1, x2, opts, tuple(n for n, _ in params))
     leaves = Differentiable.apply(kernel, *inputs, *[t for _, t in params])
-    return jax.tree.unflatten(kernel.treedef, leaves)
+    return jax.tree.unflatten(kernel.treedef, leaves), kernel.tiling

@@ -1,41 +1,46 @@
 """The one path of every request: validate -> convert -> plan -> compile -> run tiles -> hand back.
 
 Every entry point (``ntk``, ``nngp``, ``kernel``, the empirical kernels, ``monte_carlo``, the width
-analysis, the command line) builds a :class:`Request` and calls :func:`run`:
+analysis, the command line) builds a :class:`Request`, whose spec (:mod:`ntbridge.specs`) says
+what to compute, and calls :func:`run`:
 
-1. validate the inputs (torch tensors: dtype, shape, device, finiteness) and fix the precision;
-2. convert the model to a :class:`~ntbridge.Graph` (under the inputs' precision) and check that
-   the inputs fit it; an empirical request takes the translated ``torch.export`` graph of a model
-   the layer registry does not cover (:mod:`ntbridge.converters.translated`), and accepts integer
-   inputs (token ids);
-3. the request's ``task`` builds the :class:`~ntbridge.tiling.Task` to compute (what kernel, with
-   which strategy);
-4. :func:`ntbridge.tiling.compute` plans the tiles from XLA's memory analysis of the one program it
-   compiles (or finds in :mod:`ntbridge.programs`), runs them and assembles torch tensors; when
-   the inputs or the model's parameters require grad, as a node of torch's autograd graph
-   (:mod:`ntbridge.gradients`).
+1. :func:`prepare`: validate the inputs (torch tensors: dtype, shape, device, finiteness), fix the
+   precision, convert the model to a :class:`~ntbridge.Graph` and check that the inputs fit it; an
+   empirical spec takes the translated ``torch.export`` graph of a model the layer registry does
+   not cover (:mod:`ntbridge.converters.translated`), and accepts integer inputs (token ids);
+2. :func:`execute`: the builder of the spec's type (:data:`BUILDERS`: :mod:`ntbridge.analytic`,
+   :mod:`ntbridge.empirical`) makes the :class:`~ntbridge.tiling.Task`; :func:`ntbridge.tiling.compute`
+   plans its tiles from XLA's memory analysis of the one program it compiles (or finds in
+   :mod:`ntbridge.programs`), runs them and assembles torch tensors; when the inputs or the
+   model's parameters require grad, as a node of torch's autograd graph (:mod:`ntbridge.gradients`).
 
 Example:
-    >>> result, info, graph = run(Request(model, x1, None, task=lambda g, x1, x2: (task, None)))
+    >>> outcome = run(Request(model, x1, None, Analytic("ntk")))
+    >>> outcome.result.shape, outcome.tiling.tiles
+    (torch.Size([20, 20]), 1)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from . import gradients
+from . import analytic, gradients
 from .converters import Graph, convert
 from .converters.translated import TranslatedGraph, empirical_graph
 from .devices import platform_of
-from .dlpack import all_finite, check_device, kernel_dtype, model_dtype, precision
+from .dlpack import abstract, all_finite, check_device, kernel_dtype, model_dtype, precision
+from .empirical import nngp_task, ntk_task, sample_task
 from .errors import InputError, InputTypeError, ShapeError
-from .tiling import Batching, Task
+from .specs import Analytic, EmpiricalNNGP, EmpiricalNTK, MonteCarlo, Spec
+from .tiling import Batching, TilingInfo
 
-TaskBuilder = Callable[[Graph, torch.Tensor, "torch.Tensor | None"], tuple[Task, Any]]
+# spec type -> builder(spec, graph, x1, x2, platform) -> (Task, info); x1, x2 shapes and dtypes
+BUILDERS = {Analytic: analytic.task, EmpiricalNTK: ntk_task, EmpiricalNNGP: nngp_task,
+            MonteCarlo: sample_task}
 _INDEX_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
@@ -46,22 +51,39 @@ class Request:
     Attributes:
       model: the torch model.
       x1, x2: ``(N1, ...)`` and ``(N2, ...)`` inputs (x2 None for x2 = x1), as the user gave them.
-      task: ``task(graph, x1, x2) -> (Task, info)``: what to compute on the converted model.
+      spec: what to compute (:mod:`ntbridge.specs`); an empirical one (forward passes only)
+        translates models without a converter and accepts integer inputs (see the module doc).
       batching: tiles, devices, storage (see :class:`~ntbridge.tiling.Batching`).
       conversion: keyword options of :func:`ntbridge.convert`.
-      empirical: an empirical kernel (forward passes only): models without a converter are
-        translated, integer inputs accepted (see the module doc).
       weights: a model of the same architecture whose weights to use instead of ``model``'s.
     """
 
     model: nn.Module
     x1: torch.Tensor
     x2: torch.Tensor | None
-    task: TaskBuilder
+    spec: Spec
     batching: Batching = Batching()
     conversion: dict = dataclasses.field(default_factory=dict)
-    empirical: bool = False
     weights: nn.Module | None = None
+
+
+class Prepared(NamedTuple):
+    """A request with its inputs validated (:func:`validate`) and its model converted."""
+
+    request: Request
+    x1: torch.Tensor
+    x2: torch.Tensor | None
+    graph: Graph | TranslatedGraph
+
+
+class Outcome(NamedTuple):
+    """What a request computed: the result (a pytree of torch tensors), what its builder reports
+    (e.g. the empirical strategy chosen), the converted model, and how it was tiled."""
+
+    result: Any
+    info: Any
+    graph: Graph | TranslatedGraph
+    tiling: TilingInfo
 
 
 def _input_dtype(x: torch.Tensor, name: str, indices: bool) -> torch.dtype:
@@ -109,7 +131,7 @@ def validate(x1: torch.Tensor, x2: torch.Tensor | None,
 
 def model_graph(request: Request, x1: torch.Tensor) -> Graph | TranslatedGraph:
     """The converted model (empirical requests: converted or translated, see the module doc)."""
-    if request.empirical:
+    if request.spec.empirical:
         return empirical_graph(request.model, x1, request.conversion, request.weights)
     return convert(request.model if request.weights is None else request.weights,
                    **request.conversion)
@@ -131,22 +153,28 @@ def _precision(request: Request, x1: torch.Tensor):
     return precision(x1.dtype if x1.is_floating_point() else model_dtype(request.model))
 
 
-def route(request: Request) -> str:
-    """The path an empirical request takes: ``"layers"`` (the layer registry) or
-    ``"torch.export"`` (the translated graph); see the module doc."""
-    x1, _ = validate(request.x1, request.x2, indices=request.empirical)
-    with _precision(request, x1):
-        return model_graph(request, x1).path
-
-
-def run(request: Request) -> tuple[Any, Any, Graph | TranslatedGraph]:
-    """``(result, info, graph)``: the request's kernel as a pytree of torch tensors, what its task
-    reports (e.g. the empirical strategy chosen), and the converted model."""
-    x1, x2 = validate(request.x1, request.x2, indices=request.empirical)
-    batching = dataclasses.replace(request.batching, platform=platform_of(x1))
+def prepare(request: Request) -> Prepared:
+    """The request's inputs validated and its model converted (steps 1 of the module doc)."""
+    x1, x2 = validate(request.x1, request.x2, indices=request.spec.empirical)
     with _precision(request, x1):
         graph = model_graph(request, x1)
         check_fits(graph, x1, x2)
-        task, info = request.task(graph, x1, x2)
-        result = gradients.compute(task, (request.x1, request.x2), x1, x2, batching, graph)
-    return result, info, graph
+    return Prepared(request, x1, x2, graph)
+
+
+def execute(prepared: Prepared, spec: Spec | None = None) -> Outcome:
+    """The kernel of ``spec`` (default: the request's; the same kind of spec, e.g. another range of
+    Monte-Carlo samples) on the prepared request (step 2 of the module doc)."""
+    request, x1, x2, graph = prepared
+    spec = request.spec if spec is None else spec
+    batching = dataclasses.replace(request.batching, platform=platform_of(x1))
+    with _precision(request, x1):
+        task, info = BUILDERS[type(spec)](spec, graph, abstract(x1),
+                                          None if x2 is None else abstract(x2), batching.platform)
+        result, tiling = gradients.compute(task, (request.x1, request.x2), x1, x2, batching, graph)
+    return Outcome(result, info, graph, tiling)
+
+
+def run(request: Request) -> Outcome:
+    """The request's kernel: :func:`execute` of :func:`prepare`."""
+    return execute(prepare(request))

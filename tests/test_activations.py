@@ -17,7 +17,7 @@ from ntbridge.stax import ab_relu_rule
 from ntbridge.stax.activations import erf_rule, erf_self_rule, gelu_rule, sin_rule, sin_self_rule
 from ntbridge.stax.arccos import (ab_relu_self_rule, rectified_monomial_rule,
                                   rectified_monomial_self_rule, sign_rule, sign_self_rule)
-from ntbridge.stax.piecewise import POLAR, polar_rule, radial_rule, tanh_sinh
+from ntbridge.stax.polar import POLAR, polar_rule, radial_rule, tanh_sinh
 from ntbridge.stax.quadrature import smooth_rule
 
 from montecarlo import assert_within_standard_error, sample_kernels

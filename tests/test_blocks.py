@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import ntbridge
-from ntbridge import stax
+from ntbridge import analytic, stax
 from ntbridge.errors import InputError
+from ntbridge.specs import Analytic
 from ntbridge.stax import covariances
 from ntbridge.tiling import blocks
 
@@ -39,9 +40,9 @@ def test_blocks_give_the_kernel_in_one_piece(name, monkeypatch):
     graph = ntbridge.convert(make().double(), parameterization="ntk")
     rng = np.random.default_rng(0)
     x1, x2 = rng.standard_normal((10, *shape)), rng.standard_normal((7, *shape))
-    whole = graph.analytic_task(("nngp", "ntk")).fn
+    whole = analytic.task(Analytic(), graph, None, None, None)[0].fn
     pair_bytes = lambda a1: blocks.BLOCK_BYTES // (blocks.LIVE_ARRAYS * 9)  # blocks of 3
-    blocked = jax.jit(blocks.in_blocks(whole, pair_bytes, graph.perm))
+    blocked = jax.jit(blocks.in_blocks(whole, pair_bytes, analytic.perm_of(graph.network)))
     with jax.enable_x64(True):
         for b in (x2, None):
             expected, got = whole(None, x1, b), blocked(None, x1, b)
@@ -167,8 +168,8 @@ def test_own_covariances_computed_once_per_tile(make, shape, monkeypatch):
     monkeypatch.setattr(blocks, "block_size", lambda pair_bytes: 3)
     rng = np.random.default_rng(0)
     x1, x2 = rng.standard_normal((10, *shape)), rng.standard_normal((7, *shape))
-    whole = graph.analytic_task(("nngp", "ntk")).fn
-    blocked = jax.jit(graph.analytic_task(("nngp", "ntk"), "cpu").fn)
+    whole = analytic.task(Analytic(), graph, None, None, None)[0].fn
+    blocked = jax.jit(analytic.task(Analytic(), graph, None, None, "cpu")[0].fn)
     with jax.enable_x64(True):
         for b in (x2, None):
             for e, g in zip(whole(None, x1, b), blocked(None, x1, b)):
@@ -202,7 +203,7 @@ def test_blocks_compute_no_covariances_of_their_own():
     (beta: their covariances at every layer) but for reading their variances; at s = 3 the block
     then costs about a quarter less."""
     graph = ntbridge.convert(_cnn("GAP").double(), parameterization="ntk")
-    fn = graph.analytic_task(("nngp", "ntk")).fn
+    fn = analytic.task(Analytic(), graph, None, None, None)[0].fn
     own = jax.vmap(lambda x: covariances.own_covariances(graph.network, x, False))
     rng = np.random.default_rng(0)
 

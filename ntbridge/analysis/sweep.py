@@ -11,28 +11,22 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-import jax.numpy as jnp
 import numpy as np
 import torch
 from torch import nn
 
 from ..api import empirical_ntk
 from ..converters import Graph
-from ..devices import platform_of
 from ..empirical.reinit import sample_seed
 from ..errors import InputError, InputTypeError
 from ..pipeline import Request, run
-from ..stax import input_kernel
-from ..tiling import Task
+from ..specs import Analytic
 from .report import SEED_SPREAD, WidthSweep
+
 
 def _relative_error(estimate: torch.Tensor, exact: torch.Tensor) -> float:
     estimate, exact = estimate.double(), exact.double()
     return (torch.linalg.norm(estimate - exact) / torch.linalg.norm(exact)).item()
-
-
-def _is_chain(graph: Graph) -> bool:
-    return all(n.inputs == (n.index - 1,) for n in graph.layers)
 
 
 def analytic_ntk_by_layer(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *,
@@ -40,7 +34,7 @@ def analytic_ntk_by_layer(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor |
     """The analytic NTK's contribution of each module with parameters, ``{name: (N1, N2)}``.
 
     For a chain of modules (``nn.Sequential``); the contributions sum to ``ntbridge.ntk(model, ...)``
-    (torch's default init assumed). See the module doc for how they are computed.
+    (torch's default init assumed); :mod:`ntbridge.analytic` says how they are computed.
 
     Example:
         >>> parts = analytic_ntk_by_layer(model, x)
@@ -55,41 +49,13 @@ def analytic_ntk_by_layer(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor |
 
 def _analytic(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, parameterization: str):
     """``(nngp, ntk, {name: contribution} or None for graphs that are not chains, graph)``."""
-    def task(graph, x1, x2):
-        graph.check_init()
-        if not _is_chain(graph):
-            return graph.analytic_task(("nngp", "ntk"), platform_of(x1)), None
-        owners = tuple(n.index for n in graph.layers if n.param_names)
-        return Task(("analytic_by_layer", graph.signature, owners), _suffix_fn(graph, owners),
-                    graph.perm, pairwise=graph.network.pairwise), owners
-
-    result, owners, graph = run(Request(model, x1, x2, task,
-                                        conversion=dict(parameterization=parameterization)))
-    if owners is None:
-        return result.nngp, result.ntk, None, graph
-    nngp, parts = result
-    parts = {graph.layers[j].name: p for j, p in zip(owners, parts)}
-    return nngp, sum(parts.values()), parts, graph
-
-
-def _suffix_fn(graph: Graph, owners: tuple[int, ...]) -> Callable:
-    """``fn(args, x1, x2) -> (nngp, [contribution of layer j for j in owners])`` (see module doc)."""
-    layers = tuple(n.layer for n in graph.layers)
-
-    def suffix(k, start):
-        for i, layer in enumerate(layers):
-            if i == start:
-                k = k.replace(ntk=jnp.zeros_like(k.ntk))
-            k = layer.kernel_fn(k)
-        return k
-
-    def fn(args, x1, x2):
-        k0 = input_kernel(x1, x2, compute_ntk=True, diagonal_spatial=not graph.network.full_spatial)
-        kernels = [suffix(k0, j) for j in owners]
-        sums = [k.ntk for k in kernels] + [jnp.zeros_like(kernels[0].ntk)]
-        return kernels[0].nngp, [a - b for a, b in zip(sums, sums[1:])]
-
-    return fn
+    outcome = run(Request(model, x1, x2, Analytic(("nngp", "ntk"), by_layer=True),
+                          conversion=dict(parameterization=parameterization)))
+    if outcome.info is None:
+        return outcome.result.nngp, outcome.result.ntk, None, outcome.graph
+    nngp, parts = outcome.result
+    parts = dict(zip(outcome.info, parts))
+    return nngp, sum(parts.values()), parts, outcome.graph
 
 
 def _readout_nngp(model: nn.Module, graph: Graph, x1: torch.Tensor,

@@ -16,10 +16,10 @@ from ..dlpack import model_dtype, precision, to_jax
 from ..errors import InputError, InputTypeError
 from . import activations, conv, linear, normalization, pooling, structure  # noqa: F401  (they register their converters)
 from .fx import fx_nodes
-from .graph import Graph, Kernels, Node, make_node, module_tensors
+from .graph import Graph, Node, make_node, module_tensors
 from .registry import Options, StdOption, find_converter, register
 
-__all__ = ["Graph", "Kernels", "Node", "convert", "register"]
+__all__ = ["Graph", "Node", "convert", "register"]
 
 
 def _leaves(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:

@@ -3,8 +3,9 @@
 Leaf modules (registered types, torch's own) stay ``call_module`` nodes, converted by the registry.
 Functional calls become the equivalent module instance (``F.gelu(x, approximate=a)`` ->
 ``nn.GELU(a)``, ``x.view(x.size(0), -1)`` -> ``nn.Flatten()``...), so that each module type has
-one converter; ``+``/``torch.add`` become :class:`Add`, ``torch.cat`` :class:`Concat`, and
-multiplication or division by a constant :class:`Scale`.
+one converter; ``+``/``torch.add`` become :class:`~.combinators.Add`, ``torch.cat``
+:class:`~.combinators.Concat`, and multiplication or division by a constant
+:class:`~.combinators.Scale`.
 
 The kernel of a sum is the sum of the branches' kernels only when the branches are uncorrelated;
 :func:`correlated` works out from the graph when that is not so (e.g. ``h + relu(h)``), and the
@@ -20,77 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .. import stax
 from ..errors import ConversionError, UnsupportedLayerError
 from ..stax import INPUT
-from ..stax.layers import without_kernel
+from .combinators import Add, Concat, Scale
+from .families import AVG_POOLS, CONVS, DROPOUTS
 from .graph import Node, make_node
-from .registry import Context, Options, register
+from .registry import Options
 from .tracing import describe, trace
-
-
-class Add(nn.Module):
-    """``x1 + x2 + ...`` (a residual sum); ``correlated`` says why its kernel rule is not exact."""
-
-    def __init__(self, correlated: str = ""):
-        super().__init__()
-        self.correlated = correlated
-
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        return sum(xs[1:], xs[0])
-
-    def extra_repr(self) -> str:
-        return f"correlated={self.correlated!r}" if self.correlated else ""
-
-
-class Concat(nn.Module):
-    """``torch.cat(xs, dim)``."""
-
-    def __init__(self, dim: int = 1):
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        return torch.cat(xs, self.dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
-
-
-class Scale(nn.Module):
-    """``c * x`` for a constant ``c``."""
-
-    def __init__(self, c: float):
-        super().__init__()
-        self.c = c
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c * x
-
-    def extra_repr(self) -> str:
-        return f"c={self.c!r}"
-
-
-@register(Add)
-def _add_layer(module: Add, ctx: Context) -> stax.Layer:
-    layer = stax.FanInSum()
-    if not module.correlated:
-        return layer
-
-    return without_kernel(layer, (
-        f"{module.correlated}, so the kernel of their sum is not the sum of their kernels. The "
-        f"rule is exact when one branch ends in a Linear/Conv layer the other does not depend "
-        f"on (h + Linear(relu(h))); restructure the block so, or use ntbridge.empirical_ntk."))
-
-
-@register(Concat)
-def _concat_layer(module: Concat, ctx: Context) -> stax.Layer:
-    return stax.FanInConcat(module.dim)
-
-
-@register(Scale)
-def _scale_layer(module: Scale, ctx: Context) -> stax.Layer:
-    return stax.Scale(module.c)
 
 
 # ------------------------------------------------------------ functional calls -> module instances
@@ -200,9 +137,8 @@ def equivalent(node: fx.Node) -> tuple[nn.Module, list]:
 
 # ------------------------------------------------------------ which sums are exact
 
-AFFINE = (nn.Linear, nn.modules.conv._ConvNd)  # fresh zero-mean weights: output zero-mean given input
-LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, nn.modules.pooling._AvgPoolNd,
-          nn.modules.pooling._AdaptiveAvgPoolNd, nn.modules.dropout._DropoutNd, Add, Concat, Scale)
+AFFINE = (nn.Linear, *CONVS)  # fresh zero-mean weights: output zero-mean given input
+LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, *AVG_POOLS, *DROPOUTS, Add, Concat, Scale)
 
 
 def correlated(nodes: list[Node], inputs: tuple[int, ...]) -> str:

@@ -1,47 +1,27 @@
-"""``Graph``: a torch model translated to a stax network, with its parameters as JAX arrays."""
+"""``Graph``: a torch model translated to a stax network, with its parameters as JAX arrays (a
+record: what runs on it is planned by :mod:`ntbridge.analytic` and :mod:`ntbridge.empirical`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import warnings
-from typing import Any, NamedTuple
 
 import jax
 import torch
 from torch import nn
 
 from .. import programs
-from ..dlpack import describe
 from ..errors import InitMismatchWarning, InputError, NtbridgeError, UnsupportedLayerError
-from ..stax import INPUT, Kernel, Layer, dag, input_kernel
-from ..stax.covariances import Covariances, own_covariances, with_covariances
-from ..stax.kernel import swap_perm, symmetrize
-from ..tiling import Task
-from ..tiling.blocks import in_blocks, splits
+from ..results import Kernels
+from ..specs import KERNEL_NAMES
+from ..stax import INPUT, Layer, dag
+from ..stax.covariances import evaluate
+from ..stax.kernel import swap_perm
+from ..tiling.arrays import symmetrize
 from .registry import Context, Options, find_converter, init_mismatch, supported_types
 
 Params = dict[str, jax.Array]
-KERNEL_NAMES = ("nngp", "ntk")
-
-
-class Kernels(NamedTuple):
-    """The analytic kernels asked for with ``get``; those not asked for are None.
-
-    Example:
-        >>> k = ntbridge.kernel(model, torch.randn(20, 16), torch.randn(5, 16))
-        >>> k                        # a summary; the values are k.nngp and k.ntk
-        Kernels(nngp=(20, 5) float32 cpu, ntk=(20, 5) float32 cpu)
-    """
-
-    nngp: Any = None
-    ntk: Any = None
-
-    def __repr__(self) -> str:
-        kernels = (f"{name}={'None' if k is None else describe(k)}"
-                   for name, k in self._asdict().items())
-        return f"Kernels({', '.join(kernels)})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,24 +108,6 @@ def _located(layer: Layer, where: str) -> Layer:
 def _apply(network: Layer, layout: tuple, params: Params, x: jax.Array) -> jax.Array:
     per_layer = tuple({local: params[key] for local, key in node} for node in layout)
     return network.apply_fn(per_layer, x)
-
-
-def _analytic(network: Layer, x1, x2, get, covs: tuple[Covariances, Covariances] | None = None):
-    """The kernels ``get`` of x1 and x2; ``covs``: the examples' own covariances at every layer,
-    stacked :func:`_own_covariances` of x1 and of x2, used instead of computing them."""
-    names = (get,) if isinstance(get, str) else tuple(get)
-    k: Kernel = input_kernel(x1, x2, compute_ntk="ntk" in names,
-                             diagonal_spatial=not network.full_spatial)
-    k = network.kernel_fn(k, after=None if covs is None else with_covariances(*covs))
-    out = {name: getattr(k, name) for name in names}
-    return out[get] if isinstance(get, str) else Kernels(**out)
-
-
-def _own_covariances(network: Layer, args, x: jax.Array) -> Covariances:
-    """Each example's covariance with itself at every layer, ``(N, ...)`` leaves, for the examples
-    x ``(N, ...)`` (``args``, the task's arguments, are not needed)."""
-    own = lambda example: own_covariances(network, example, not network.full_spatial)
-    return jax.vmap(own)(x)
 
 
 def _warn_init_mismatch(nodes: tuple[Node, ...]) -> None:
@@ -235,34 +197,6 @@ class Graph:
                                      jax.ShapeDtypeStruct(tuple(input_shape), "float32"))
         return programs.cached(key, trace)
 
-    def perm(self, ndim: int) -> tuple[int, ...]:
-        """The axes exchanging x1 and x2 in an analytic kernel array of rank ``ndim``."""
-        return swap_perm(ndim, not self.network.full_spatial)
-
-    def analytic_task(self, get: str | tuple[str, ...] = KERNEL_NAMES,
-                      platform: str | None = None) -> Task:
-        """The infinite-width kernels ``get`` as a task for :func:`ntbridge.tiling.compute` on
-        ``platform`` (the inputs'): on CPUs, each tile is computed in blocks that stay in cache
-        (:func:`ntbridge.tiling.blocks.in_blocks`); without full-spatial layers its programs take
-        the XLA options of kernels of vectors or of same-position covariances
-        (:data:`ntbridge.devices.PROGRAM_OPTIONS`)."""
-        fn = lambda args, x1, x2, covs=None: _analytic(self.network, x1, x2, get, covs)
-        blocks = platform == "cpu" and self.network.pairwise
-        power = 2 if self.network.full_spatial else 1  # pairs of positions, or positions
-        pair_bytes = lambda a1: a1.dtype.itemsize * math.prod(a1.shape[2:]) ** power
-        own = functools.partial(_own_covariances, self.network)  # once per tile where it pays
-        return Task(("analytic", self.signature, get, blocks),
-                    in_blocks(fn, pair_bytes, self.perm, own) if blocks else fn, self.perm,
-                    pairwise=self.network.pairwise,
-                    exactly_symmetric=lambda a1: blocks and splits(a1, None, pair_bytes),
-                    program_kind=self._program_kind)
-
-    def _program_kind(self, a1: jax.ShapeDtypeStruct) -> str:
-        """The kind of XLA options (:data:`ntbridge.devices.PROGRAM_OPTIONS`) for inputs like a1."""
-        if self.network.full_spatial:
-            return "default"
-        return "vector" if len(a1.shape) == 2 else "diagonal"
-
     def kernel_fn(self, x1: jax.Array, x2: jax.Array | None = None,
                   get: str | tuple[str, ...] = KERNEL_NAMES):
         """Infinite-width kernels of the outputs, ``(N1, N2)`` per output unit (jit-compiled).
@@ -274,11 +208,13 @@ class Graph:
         """
         self.check_init()
 
-        key = programs.ProgramKey.of("kernel_fn", (self.signature, get), (x1, x2))
-        out = programs.cached(key, lambda: jax.jit(functools.partial(_analytic, self.network),
-                                                   static_argnums=2))(x1, x2, get)
-        sym = lambda a: a if x2 is not None else symmetrize(a, self.perm(a.ndim))
-        return jax.tree.map(sym, out)  # op by op, so exactly symmetric
+        names = (get,) if isinstance(get, str) else tuple(get)
+        key = programs.ProgramKey.of("kernel_fn", (self.signature, names), (x1, x2))
+        out = programs.cached(key, lambda: jax.jit(functools.partial(evaluate, self.network),
+                                                   static_argnums=2))(x1, x2, names)
+        diagonal = not self.network.full_spatial
+        sym = lambda a: a if x2 is not None else symmetrize(a, swap_perm(a.ndim, diagonal))
+        return Kernels.pick(jax.tree.map(sym, out), get)  # op by op, so exactly symmetric
 
     def check_init(self) -> None:
         """Warn once (:class:`~ntbridge.errors.InitMismatchWarning`) if weights the analytic kernel

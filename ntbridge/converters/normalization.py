@@ -33,7 +33,10 @@ def _layer_norm(module: nn.LayerNorm, ctx: Context) -> stax.Layer:
         f"ntbridge.empirical_ntk for trained LayerNorm parameters."))
 
 
-@register(nn.modules.batchnorm._BatchNorm)
-def _batch_norm(module: nn.modules.batchnorm._BatchNorm, ctx: Context) -> stax.Layer:
+@register(nn.BatchNorm1d)
+@register(nn.BatchNorm2d)
+@register(nn.BatchNorm3d)
+@register(nn.SyncBatchNorm)
+def _batch_norm(module: nn.BatchNorm1d, ctx: Context) -> stax.Layer:
     batch_statistics = module.training or module.running_mean is None
     return stax.BatchNorm(module.eps, batch_statistics)

@@ -28,7 +28,7 @@ def _unflatten(module: nn.Unflatten, ctx: Context) -> stax.Layer:
 @register(nn.Dropout1d)
 @register(nn.Dropout2d)
 @register(nn.Dropout3d)
-def _dropout(module: nn.modules.dropout._DropoutNd, ctx: Context) -> stax.Layer:
+def _dropout(module: nn.Dropout, ctx: Context) -> stax.Layer:
     """Eval mode: Identity. Training mode: Dropout's kernel rule (see ``stax.Dropout``)."""
     if not module.training:
         return stax.Identity()

@@ -24,8 +24,10 @@ from torch import nn
 
 from .. import programs
 from ..errors import ConversionError, InputTypeError, UnsupportedLayerError
+from . import convert
 from .aten import jax_dtype
 from .export import Translated, cache_key, translate
+from .families import BATCH_NORMS, DROPOUTS
 from .graph import Graph
 from .steps import Step, graph_steps
 
@@ -80,8 +82,6 @@ def empirical_graph(model: nn.Module, x1: torch.Tensor, conversion: dict,
         (the translator's reason).
       InputTypeError: integer inputs that the model does not take.
     """
-    from . import convert
-
     weights = model if weights is None else weights
     key = cache_key(model, x1)
     entry = programs.ProgramKey.of("translation", key, ())
@@ -124,11 +124,11 @@ def _check_takes_indices(model: nn.Module, ids: torch.Tensor) -> None:
 def _random_in_training(module: nn.Module) -> bool:
     """Whether ``module``'s forward in training mode differs from eval mode's (dropout, batch
     statistics)."""
-    if isinstance(module, nn.modules.dropout._DropoutNd):
+    if isinstance(module, DROPOUTS):
         return module.p > 0
     if isinstance(module, nn.MultiheadAttention):
         return module.dropout > 0
-    return isinstance(module, nn.modules.batchnorm._BatchNorm)
+    return isinstance(module, BATCH_NORMS)
 
 
 def check_eval_mode(model: nn.Module) -> None:

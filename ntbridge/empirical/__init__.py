@@ -45,12 +45,14 @@ Example:
 
 
 from ..options import IMPLEMENTATIONS, STRATEGIES
-from .axes import Axes, contract, int_tuple, normalize_axes
+from ..specs import int_tuple
+from .axes import Axes, contract, normalize_axes
 from .choose import StrategyInfo, empirical_ntk_fn
-from .monte_carlo import Moments, sample_task
+from .model import Initialisable, ModelGraph
+from .monte_carlo import Moments, running, sample_counts, sample_task
 from .nngp import empirical_nngp_fn
 from .tasks import nngp_task, ntk_task
 
-__all__ = ["IMPLEMENTATIONS", "STRATEGIES", "Axes", "Moments", "StrategyInfo", "contract",
-           "empirical_nngp_fn", "empirical_ntk_fn", "int_tuple", "normalize_axes", "nngp_task",
-           "ntk_task", "sample_task"]
+__all__ = ["IMPLEMENTATIONS", "STRATEGIES", "Axes", "Initialisable", "ModelGraph", "Moments",
+           "StrategyInfo", "contract", "empirical_nngp_fn", "empirical_ntk_fn", "int_tuple",
+           "normalize_axes", "nngp_task", "ntk_task", "running", "sample_counts", "sample_task"]

@@ -12,17 +12,10 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import InputError
-from ..stax.kernel import symmetrize
+from ..specs import int_tuple
+from ..tiling.arrays import symmetrize
 
 HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def int_tuple(axes: Sequence[int], arg: str) -> tuple[int, ...]:
-    """``axes`` as a tuple of ints; InputError naming ``arg`` if it is not a sequence of ints."""
-    try:
-        return tuple(int(a) for a in axes)
-    except (TypeError, ValueError):
-        raise InputError(f"{arg} must be a tuple of ints, got {axes!r}.") from None
 
 
 def normalize_axes(trace_axes: Sequence[int], diagonal_axes: Sequence[int],

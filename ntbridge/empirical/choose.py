@@ -117,7 +117,7 @@ def _identity(model) -> Any:
     return getattr(model, "signature", None) or model.apply_fn
 
 
-class _Dispatch:
+class Dispatch:
     """``fn(params, x1, x2=None, *, trace_axes, diagonal_axes, by_layer, return_info)``: compiles
     the requested strategy (or auto's choice) once per shape signature."""
 
@@ -226,4 +226,4 @@ def empirical_ntk_fn(model: Callable[[Any, jax.Array], jax.Array] | Any,
         >>> k, info = fn(graph.params, x1, x2, trace_axes=(), return_info=True)  # (N1, N2, O, O)
         >>> info.implementation, info.reason
     """
-    return _Dispatch(as_model(model), implementation, examples_interact)
+    return Dispatch(as_model(model), implementation, examples_interact)

@@ -1,10 +1,9 @@
-"""A network's parameter leaves, their groups (the layer owning each, for ``by_layer``), and
-``apply_fn`` restricted to some leaves."""
+"""A network's parameter leaves and their groups (the layer owning each, for ``by_layer``)."""
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -30,19 +29,6 @@ def group_of(model) -> Callable[[tuple], str]:
 def leaf_paths(params) -> list[tuple]:
     """The pytree path of each leaf of ``params``, in ``jax.tree.leaves`` order."""
     return [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-
-
-def restrict(apply_fn, params, keep: Sequence[int]):
-    """``(fn(sub, x), sub)``: ``apply_fn`` as a function of the leaves ``keep`` only."""
-    leaves, treedef = jax.tree.flatten(params)
-
-    def fn(sub, x):
-        full = list(leaves)
-        for i, v in zip(keep, sub):
-            full[i] = v
-        return apply_fn(jax.tree.unflatten(treedef, full), x)
-
-    return fn, [leaves[i] for i in keep]
 
 
 def sum_groups(parts: dict[str, list[jax.Array]], by_layer: bool):

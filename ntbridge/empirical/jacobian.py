@@ -5,8 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..tiling.arrays import restrict
 from .axes import contract
-from .groups import group_of, leaf_paths, restrict, sum_groups
+from .groups import group_of, leaf_paths, sum_groups
 
 
 def _jacobian(apply_fn, params, x, interact: bool):

@@ -9,7 +9,8 @@ import string
 import jax
 import jax.numpy as jnp
 
-from .groups import group_of, leaf_paths, restrict, sum_groups
+from ..tiling.arrays import restrict
+from .groups import group_of, leaf_paths, sum_groups
 
 
 def _ntvp_columns(apply_fn, params, x1, x2, chunk):

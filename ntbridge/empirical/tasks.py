@@ -1,4 +1,8 @@
-"""Empirical kernels as tasks of the request pipeline (:func:`ntbridge.tiling.compute`)."""
+"""Empirical kernels as tasks of the request pipeline (:func:`ntbridge.tiling.compute`).
+
+Each builder takes its spec (:mod:`ntbridge.specs`), the model's graph (:mod:`.model`), the
+inputs' shapes and dtypes and their platform, and returns ``(Task, info)``.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +10,24 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import InputError, InputTypeError
+from ..specs import EmpiricalNNGP, EmpiricalNTK
 from ..tiling import Task
 from .axes import Axes
-from .choose import _Dispatch, StrategyInfo
+from .choose import Dispatch, StrategyInfo
+from .model import ModelGraph
 from .nngp import outputs_product
 
 
-def _trainable(graph) -> tuple[dict, dict]:
+def _trainable(graph: ModelGraph) -> tuple[dict, dict]:
     """``(params, state)``: the graph's arrays that are torch parameters, and the others (buffers)."""
     names = graph.parameter_names
     return ({k: v for k, v in graph.params.items() if k in names},
             {k: v for k, v in graph.params.items() if k not in names})
 
 
-def ntk_task(graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None, *,
-             implementation: str, trace_axes, diagonal_axes, by_layer: bool, interact: bool,
-             platform: str) -> tuple[Task, StrategyInfo]:
-    """The empirical NTK of ``graph`` at its parameters, as a task for :func:`ntbridge.tiling.compute`."""
+def ntk_task(spec: EmpiricalNTK, graph: ModelGraph, x1: jax.ShapeDtypeStruct,
+             x2: jax.ShapeDtypeStruct | None, platform: str) -> tuple[Task, StrategyInfo]:
+    """The empirical NTK of ``graph`` at its parameters, for inputs like x1 and x2."""
     params, state = _trainable(graph)
     if not params:
         raise InputError("the model has no parameters, so its empirical NTK is undefined; "
@@ -31,17 +36,18 @@ def ntk_task(graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None, *
     if jnp.issubdtype(x1.dtype, jnp.floating) and model_dtype != {x1.dtype}:  # else token ids
         raise InputTypeError(f"the model's parameters are {model_dtype.pop()} but x1 is "
                              f"torch.{x1.dtype}; convert one to the other, e.g. model.to(torch.{x1.dtype}).")
-    run, info, axes, computation = _Dispatch(graph, implementation, interact).plan(
-        params, x1, x2, trace_axes=trace_axes, diagonal_axes=diagonal_axes, by_layer=by_layer,
-        state=state, out_ndim=len(graph.output_shape(x1.shape)), platform=platform)
+    run, info, axes, computation = Dispatch(graph, spec.implementation, spec.interact).plan(
+        params, x1, x2, trace_axes=spec.trace_axes, diagonal_axes=spec.diagonal_axes,
+        by_layer=spec.by_layer, state=state, out_ndim=len(graph.output_shape(x1.shape)),
+        platform=platform)
     return Task(("empirical_ntk", *computation), run, axes.swap_perm, (params, state)), info
 
 
-def nngp_task(graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None, *, trace_axes,
-              diagonal_axes, interact: bool) -> tuple[Task, None]:
-    """The outputs' products of ``graph`` at its parameters, as a task."""
-    axes = Axes.of(len(graph.output_shape(x1.shape)), trace_axes, diagonal_axes)
-    nngp = outputs_product(graph.apply_fn, interact)
-    return Task(("empirical_nngp", graph.signature, axes, interact),
+def nngp_task(spec: EmpiricalNNGP, graph: ModelGraph, x1: jax.ShapeDtypeStruct,
+              x2: jax.ShapeDtypeStruct | None, platform: str) -> tuple[Task, None]:
+    """The outputs' products of ``graph`` at its parameters, for inputs like x1 and x2."""
+    axes = Axes.of(len(graph.output_shape(x1.shape)), spec.trace_axes, spec.diagonal_axes)
+    nngp = outputs_product(graph.apply_fn, spec.interact)
+    return Task(("empirical_nngp", graph.signature, axes, spec.interact),
                 lambda params, a1, a2: nngp(params, a1, a2, axes), axes.swap_perm,
                 graph.params), None

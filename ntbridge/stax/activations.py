@@ -26,7 +26,8 @@ from .arccos import (SelfRule, ab_relu_rule, ab_relu_self_rule, rectified_monomi
                      rectified_monomial_self_rule, sign_rule, sign_self_rule)
 from .kernel import Kernel, variances
 from .layers import Layer
-from .piecewise import Pieces, piecewise_rule, polar_rule, quadrature_rule
+from .piecewise import Pieces, piecewise_rule, quadrature_rule
+from .polar import polar_rule
 from .quadrature import Corrected, Rule, corrected_rule, smooth_rule
 
 

@@ -63,3 +63,20 @@ def with_covariances(covs1: Covariances, covs2: Covariances) -> After:
                             covs2[i], is_leaf=_is_kernel)
 
     return after
+
+
+def evaluate(network: Layer, x1: jax.Array, x2: jax.Array | None, names: tuple[str, ...],
+             covs: tuple[Covariances, Covariances] | None = None) -> dict[str, jax.Array]:
+    """The kernels ``names`` (``"nngp"``, ``"ntk"``) of the ``dag`` network's outputs for inputs
+    x1 ``(N1, ...)`` and x2 ``(N2, ...)`` (None: x1 with itself); ``covs``: the examples' own
+    covariances at every layer (:func:`own_covariances` of the x1 and of the x2 examples, stacked),
+    used instead of computing them.
+
+    Example:
+        >>> evaluate(serial(Dense(3, 4, W_std=1., b_std=0.), Relu()), jnp.ones((5, 3)), None,
+        ...          ("nngp",))["nngp"].shape
+        (5, 5)
+    """
+    k = input_kernel(x1, x2, compute_ntk="ntk" in names, diagonal_spatial=not network.full_spatial)
+    k = network.kernel_fn(k, after=None if covs is None else with_covariances(*covs))
+    return {name: getattr(k, name) for name in names}

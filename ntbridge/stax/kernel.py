@@ -204,18 +204,6 @@ def safe_reciprocal(x: jax.Array) -> jax.Array:
     return jnp.where(nonzero, 1 / jnp.where(nonzero, x, 1), 0)
 
 
-def symmetrize(a, perm: tuple[int, ...]):
-    """``(a + a.transpose(perm)) / 2`` for a JAX array or a torch tensor: exactly symmetric when
-    evaluated op by op (not inside a compiled program, where XLA may fold the transpose into the
-    producer of ``a`` and round the two halves differently). ``perm`` exchanges x1 and x2 (e.g.
-    :func:`swap_perm`). A torch tensor is transposed by a blocked copy first (``a + a.T`` reads
-    one side across rows, 5-8x slower on a large kernel); entry ``(i, j)`` and ``(j, i)`` are still
-    the same sum, ``(a[i, j] + a[j, i]) / 2``."""
-    if hasattr(a, "permute"):
-        return (a.permute(perm).contiguous() + a).div_(2)
-    return (a + jnp.transpose(a, perm)) / 2
-
-
 def map_arrays(k: Kernel, fn) -> Kernel:
     """``k`` with ``fn(array, n_batch)`` applied to nngp, ntk (2 batch axes), cov1 and cov2 (1;
     once when x2 is x1)."""

@@ -4,8 +4,8 @@ A :class:`Task` (a batch-independent kernel function ``fn(args, a1, a2_or_None)`
 tiles of ``batch_size`` rows and columns (:mod:`.plan`). Any N1 and N2 work: the last tile is
 padded by repeating its last example, and the padding is cut from the result. With ``x2=None`` only
 tiles on and above the diagonal are computed; diagonal tiles are symmetrized after the program (op
-by op, in torch) and the others are mirrored, so the whole is exactly symmetric (:mod:`.run`). The
-backward pass of a kernel is the sum of the tiles' VJPs (:mod:`.backward`).
+by op, in torch: :mod:`.arrays`) and the others are mirrored, so the whole is exactly symmetric
+(:mod:`.run`). The backward pass of a kernel is the sum of the tiles' VJPs (:mod:`.backward`).
 
 * Devices: each step evaluates one tile per device: ``jax.shard_map`` over a mesh of the devices
   runs the kernel function on each device's own tile (no ``vmap``).
@@ -24,6 +24,6 @@ backward pass of a kernel is the sum of the tiles' VJPs (:mod:`.backward`).
 """
 
 from .plan import Batching, Tiling
-from .run import LAST_RUN, Task, compute
+from .run import Task, TilingInfo, compute
 
-__all__ = ["Batching", "LAST_RUN", "Task", "Tiling", "compute"]
+__all__ = ["Batching", "Task", "Tiling", "TilingInfo", "compute"]

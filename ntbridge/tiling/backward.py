@@ -23,7 +23,7 @@ import torch
 
 from .. import programs
 from ..dlpack import abstract
-from ..stax.kernel import symmetrize
+from .arrays import restrict, symmetrize
 from .plan import Batching, Tiling
 from .run import Task, abstract_arguments, per_device, plan, sharded, shardings, stack, \
     tile_fn, tile_inputs
@@ -34,7 +34,6 @@ def _program(task: Task, tiling: Tiling, devices: list, tracked: tuple[int, ...]
     """``jit(shard_map)`` of one tile's VJP: ``(args, a1, a2, cts) -> {"args": [d leaf],
     "x1": d a1, "x2": d a2}`` (per device), w.r.t. the ``tracked`` leaves of ``args`` and the
     input blocks flagged in ``wrt``."""
-    from ..empirical.groups import restrict  # the empirical package imports tiling
     fn = tile_fn(task, tiling)
 
     def local(args, a1, a2, cts):
@@ -90,7 +89,7 @@ def vjp(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batching,
       tensors shaped like x1 and x2 (None where not asked for), on x1's device.
     """
     symmetric, xb = x2 is None, x1 if x2 is None else x2
-    tiling, forward = plan(task, x1, xb.shape[0], symmetric, opts)
+    tiling, forward, _ = plan(task, x1, xb.shape[0], symmetric, opts)
     wrt = (inputs[0], inputs[0] and not tiling.whole) if symmetric else inputs
     program = _compiled(task, tiling, opts, x1, tracked, wrt, forward)
     devices = tiling.devices(opts)

@@ -21,13 +21,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..stax.kernel import symmetrize
+from .arrays import symmetrize
 
-BLOCK_BYTES = 2 ** 21  # one block's arrays: a core's L2 cache or two (1 to 4 MiB measured best)
+BLOCK_BYTES = 2 ** 21  # one block's arrays: a core's L2 cache or two (benchmarks/README.md)
 LIVE_ARRAYS = 4  # kernel arrays alive at once in a layer's rule (NNGP, NTK, their inputs)
-# Per-example data is shared by blocks of at most this many examples. A block of s computes it for
-# 2s examples next to s^2 pairs, about 2 / (s + 2) of its work: under 3% beyond 64, less than the
-# shared pass costs (FC, blocks of 362 float32 examples, 2% slower with it).
+# Per-example data is shared by blocks of at most this many examples: a block of s computes it for
+# 2s examples next to s^2 pairs, about 2 / (s + 2) of its work, less than the shared pass costs
+# beyond this size.
 SHARED_UP_TO = 64
 
 TileFn = Callable[[Any, jax.Array, "jax.Array | None"], Any]
@@ -84,9 +84,8 @@ def _map_blocks(fn: Callable, args, b1: jax.Array, b2: jax.Array, rows: np.ndarr
 
     With ``per_example`` and blocks of at most :data:`SHARED_UP_TO` examples, its data is computed
     here once per side (once if ``b2`` is ``b1``), block by block, and each step reads the next
-    block's rows into the loop's carry. Read in the step that uses them, XLA fuses the slicing
-    into each elementwise pass over the pairs that reads them (CNN-Flatten float32 blocks were
-    then slower than computing the data themselves).
+    block's rows into the loop's carry: read in the step that uses them, XLA would fuse the
+    slicing into each elementwise pass over the pairs that reads them.
     """
     if per_example is None or max(b1.shape[1], b2.shape[1]) > SHARED_UP_TO:
         return jax.lax.map(lambda ij: fn(args, b1[ij[0]], b2[ij[1]]), (rows, cols))

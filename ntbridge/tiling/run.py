@@ -3,7 +3,7 @@
 The program of a :class:`Task` takes a stack of tiles (one per device) and returns, per tile, the
 kernel's leaves, checked finite after it (``ntbridge.dlpack.all_finite``). The tiles on the
 diagonal of a kernel with x2 = x1 are symmetrized after it, in torch
-(``ntbridge.stax.kernel.symmetrize``: exactly), unless the program did it. Everything around the
+(:func:`~ntbridge.tiling.arrays.symmetrize`: exactly), unless the program did it. Everything around the
 program is torch and numpy (slicing and padding the inputs, assembling the result), so a request
 dispatches no JAX work besides its programs.
 """
@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import math
 import sys
-import threading
 from typing import Any, Callable, Hashable, NamedTuple
 
 import jax
@@ -26,14 +25,24 @@ from .. import programs
 from ..devices import free_bytes
 from ..dlpack import abstract, all_finite, to_jax, to_torch
 from ..errors import InputError, MemoryBudgetError
-from ..stax.kernel import symmetrize
+from .arrays import symmetrize
 from . import distributed
 from .plan import MEMORY_FRACTION, Batching, Tiling
 from .stores import FileStore, MemoryStore, Perm, fingerprint
 
-# this thread's last compute(): .tiles (all) and .computed (by it); its plan's .tile_bytes (one
-# tile program's memory, XLA's analysis) and .budget (the memory the plan allowed it)
-LAST_RUN = threading.local()
+
+
+class TilingInfo(NamedTuple):
+    """How a kernel was tiled: ``tiles`` (all of them), ``computed`` (by this call: a resumed
+    ``out=`` file computes only the missing ones), ``tile`` (rows, columns of a tile),
+    ``tile_bytes`` (one call of the tile program, XLA's memory analysis) and ``budget`` (the
+    memory the plan allowed it)."""
+
+    tiles: int
+    computed: int
+    tile: tuple[int, int]
+    tile_bytes: int
+    budget: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,9 +152,10 @@ def compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor) -> Pr
 
 
 def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
-         opts: Batching) -> tuple[Tiling, Program]:
-    """The tiling (and its compiled program) whose tiles fit in memory, checked before anything
-    is allocated, from XLA's memory analysis of the program that will run."""
+         opts: Batching) -> tuple[Tiling, Program, float]:
+    """The tiling (and its compiled program, and the memory budget it fits in) whose tiles fit in
+    memory, checked before anything is allocated, from XLA's memory analysis of the program that
+    will run."""
     n1 = x1.shape[0]
     free = free_bytes(opts.devices[0]) * MEMORY_FRACTION
     sizes = opts.candidate_sizes(max(n1, n2))
@@ -170,8 +180,7 @@ def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
                     f"disk tile by tile.")
             budget = free - (0 if opts.out is not None else result)
         if program.tile_bytes <= budget:
-            LAST_RUN.tile_bytes, LAST_RUN.budget = program.tile_bytes, budget
-            return tiling, program
+            return tiling, program, budget
     count = len(tiling.devices(opts))
     raise MemoryBudgetError(
         f"one tile of {b} x {b} examples needs {program.tile_bytes / count / 2**30:.2f} GiB per "
@@ -182,9 +191,8 @@ def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
 def stack(tiles: list[torch.Tensor], sharding: NamedSharding, devices: list) -> jax.Array:
     """Torch tiles (padded to one size) as one JAX array ``(devices, b, ...)``, a tile per device."""
     tiles = tiles + tiles[-1:] * (len(devices) - len(tiles))
-    # copies owned by JAX (one per tile, cheap beside the kernel): with tiles aliasing torch's
-    # memory, processes aborted now and then at exit ("terminate called without an active
-    # exception", 3 of 60 loaded runs; none of 60 with copies)
+    # copies owned by JAX, cheap beside the kernel: with tiles aliasing torch's memory, processes
+    # aborted at exit now and then (benchmarks/README.md)
     shards = [jax.device_put(to_jax(t.unsqueeze(0)), d, may_alias=False)
               for t, d in zip(tiles, devices)]
     return jax.make_array_from_single_device_arrays((len(devices), *tiles[0].shape), sharding,
@@ -224,32 +232,34 @@ def _check_finite(tile: list[torch.Tensor], rows: slice, cols: slice) -> None:
             f"or compute in float64 (model.double() and float64 inputs).")
 
 
-def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batching) -> Any:
+def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None,
+            opts: Batching) -> tuple[Any, TilingInfo]:
     """``task`` evaluated on ``x1`` (and ``x2``; None for x2 = x1), tile by tile per ``opts``.
 
-    Returns the pytree of ``task.fn`` with ``(N1, N2, ...)`` torch tensors: on x1's device, on the
-    host (``store_on_device=False``), or over the memory map of ``opts.out``.
+    Returns the pytree of ``task.fn`` with ``(N1, N2, ...)`` torch tensors (on x1's device, on the
+    host with ``store_on_device=False``, or over the memory map of ``opts.out``) and how it was
+    tiled.
     """
-    distributed.CALLS[0] += 1
     symmetric, xb = x2 is None, x1 if x2 is None else x2
     n1, n2 = x1.shape[0], xb.shape[0]
-    tiling, program = plan(task, x1, n2, symmetric, opts)
+    tiling, program, budget = plan(task, x1, n2, symmetric, opts)
     symmetrized = tiling.symmetric and not (tiling.whole and task.exactly_symmetric(abstract(x1)))
     leaves, treedef = jax.tree.flatten(program.executable.out_info)
     shapes = [(n1, n2, *leaf.shape[3:]) for leaf in leaves]
     dtypes = [getattr(torch, str(leaf.dtype)) for leaf in leaves]
+    request = distributed.request_name(task.computation[0], n1, n2, tiling.b, symmetric, shapes,
+                                       opts.out is None)
     if opts.out is not None:
         if len(leaves) != 1:
             raise InputError("out= stores one kernel; ask for one (e.g. get='ntk').")
         meta = {"fingerprint": fingerprint(x1, x2, task.computation, *jax.tree.leaves(task.args)),
                 "tile": [tiling.b1, tiling.b2], "processes": jax.process_count()}
-        store = FileStore(opts.out, tiling, shapes[0], leaves[0].dtype, meta, task.perm)
+        store = FileStore(opts.out, tiling, shapes[0], leaves[0].dtype, meta, task.perm, request)
     else:
         device = x1.device if opts.store_on_device else torch.device("cpu")
         store = MemoryStore(tiling, shapes, dtypes, device, task.perm)
     pid, count = jax.process_index(), jax.process_count()
     mine = [t for n, t in enumerate(tiling.tiles) if n % count == pid and t not in store.done]
-    LAST_RUN.tiles, LAST_RUN.computed = len(tiling.tiles), len(mine)
     show = opts.progress if opts.progress is not None else (len(mine) >= 16 and sys.stderr.isatty())
     from tqdm.auto import tqdm
     bar = tqdm(total=len(mine), desc="ntbridge tiles", unit="tile", disable=not show)
@@ -272,7 +282,9 @@ def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batchin
         bar.update(len(group))
     bar.close()
     if count > 1 and isinstance(store, MemoryStore):
-        distributed.exchange(tiling.tiles, computed, store.put)
+        distributed.exchange(request, tiling.tiles, computed, store.put)
     elif count > 1:
-        distributed.barrier("written")
-    return jax.tree.unflatten(treedef, store.result())
+        distributed.barrier(request, "written")
+    info = TilingInfo(len(tiling.tiles), len(mine), (tiling.b1, tiling.b2), program.tile_bytes,
+                      budget)
+    return jax.tree.unflatten(treedef, store.result()), info

@@ -75,10 +75,13 @@ class FileStore:
     """A ``.npy`` memory map written tile by tile, and the record of the tiles done.
 
     The record (``<out>.tiles.json``; one per process under ``jax.distributed``) holds a fingerprint
-    of what computes the kernel; a file made for anything else is refused, never reused.
+    of what computes the kernel; a file made for anything else is refused, never reused. Under
+    ``jax.distributed`` the processes wait for process 0 to create the file, at a barrier of
+    ``request`` (:func:`~.distributed.request_name`).
     """
 
-    def __init__(self, path: str, tiling: Tiling, shape: tuple, dtype, meta: dict, perm: Perm):
+    def __init__(self, path: str, tiling: Tiling, shape: tuple, dtype, meta: dict, perm: Perm,
+                 request: str):
         self.path, self.meta, self.tiling, self.perm = str(path), meta, tiling, perm
         pid, count = jax.process_index(), jax.process_count()
         suffix = "" if count == 1 else f"-{pid}-of-{count}"
@@ -86,7 +89,7 @@ class FileStore:
         if pid == 0 and not os.path.exists(self.path):
             self._write_record([])
             np.lib.format.open_memmap(self.path, mode="w+", dtype=dtype, shape=shape).flush()
-        barrier("out-created")
+        barrier(request, "out-created")
         self.done = self._read_done()
         self.map = np.lib.format.open_memmap(self.path, mode="r+")
         if self.map.shape != shape or self.map.dtype != dtype:

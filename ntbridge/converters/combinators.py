@@ -1,0 +1,77 @@
+"""Modules standing for the combinations of a traced ``forward`` (:mod:`.fx`): sums, concatenations
+and scalings by constants, with their converters. A sum's rule refuses to run when its branches
+may be correlated (``Add.correlated`` says why); its forward pass and empirical kernels still work.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import stax
+from ..stax.layers import without_kernel
+from .registry import Context, register
+
+
+class Add(nn.Module):
+    """``x1 + x2 + ...`` (a residual sum); ``correlated`` says why its kernel rule is not exact."""
+
+    def __init__(self, correlated: str = ""):
+        super().__init__()
+        self.correlated = correlated
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return sum(xs[1:], xs[0])
+
+    def extra_repr(self) -> str:
+        return f"correlated={self.correlated!r}" if self.correlated else ""
+
+
+class Concat(nn.Module):
+    """``torch.cat(xs, dim)``."""
+
+    def __init__(self, dim: int = 1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return torch.cat(xs, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Scale(nn.Module):
+    """``c * x`` for a constant ``c``."""
+
+    def __init__(self, c: float):
+        super().__init__()
+        self.c = c
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c * x
+
+    def extra_repr(self) -> str:
+        return f"c={self.c!r}"
+
+
+@register(Add)
+def _add_layer(module: Add, ctx: Context) -> stax.Layer:
+    layer = stax.FanInSum()
+    if not module.correlated:
+        return layer
+
+    return without_kernel(layer, (
+        f"{module.correlated}, so the kernel of their sum is not the sum of their kernels. The "
+        f"rule is exact when one branch ends in a Linear/Conv layer the other does not depend "
+        f"on (h + Linear(relu(h))); restructure the block so, or use ntbridge.empirical_ntk."))
+
+
+@register(Concat)
+def _concat_layer(module: Concat, ctx: Context) -> stax.Layer:
+    return stax.FanInConcat(module.dim)
+
+
+@register(Scale)
+def _scale_layer(module: Scale, ctx: Context) -> stax.Layer:
+    return stax.Scale(module.c)
