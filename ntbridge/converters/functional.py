@@ -5,17 +5,18 @@
 arguments after the input are the module's constructor arguments, in the same order and with the
 same keywords (``F.leaky_relu(h, 0.2)`` is ``nn.LeakyReLU(0.2)``, ``F.hardtanh(h, min_val=-2.)``
 is ``nn.Hardtanh(min_val=-2.)``), except for ``F.rrelu``'s ``training`` (the module's mode) and
-the ``dtype`` of softmax (refused unless None). The traced call then converts exactly as the module
-does: one converter per module type.
+the ``dtype`` of softmax (refused unless None). In-place forms (``F.relu_``, ``inplace=True``) give
+the module out of place: the same function, and the same programs. The traced call then converts
+exactly as the module does: one converter per module type.
 
 Example:
     >>> module_of(F.leaky_relu, (h, 0.2), {})
-    LeakyReLU(negative_slope=0.2)
+    (LeakyReLU(negative_slope=0.2), h)
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +51,7 @@ FORMS: dict[type, tuple[tuple[Callable, ...], tuple[str, ...]]] = {
     nn.LogSoftmax: ((F.log_softmax, torch.log_softmax), ("log_softmax",)),
 }
 FUNCTIONS = {fn: cls for cls, (fns, _) in FORMS.items() for fn in fns}
-METHODS = {name: cls for cls, (_, names) in FORMS.items() for name in names}
+METHOD_FORMS = {name: cls for cls, (_, names) in FORMS.items() for name in names}
 
 
 def _rrelu(lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False) -> nn.Module:
@@ -70,12 +71,14 @@ _SPECIAL = {nn.RReLU: _rrelu, nn.Softmax: _softmax(nn.Softmax),
             nn.LogSoftmax: _softmax(nn.LogSoftmax)}
 
 
-def module_of(target: Callable | str, args: tuple, kwargs: dict) -> nn.Module:
-    """The module computing ``target(*args, **kwargs)``: a function of :data:`FUNCTIONS` or a
-    method name of :data:`METHODS`, ``args[0]`` being the input."""
-    cls = METHODS[target] if isinstance(target, str) else FUNCTIONS[target]
-    try:
-        return _SPECIAL.get(cls, cls)(*args[1:], **kwargs)
-    except TypeError as e:
-        raise UnsupportedLayerError(f"{getattr(target, '__name__', target)} with arguments "
-                                    f"{args[1:]} {kwargs}: {e}") from None
+def module_of(target: Callable | str, args: tuple, kwargs: dict) -> tuple[nn.Module, Any]:
+    """``(module, input)``: the module computing ``target(*args, **kwargs)``, a function of
+    :data:`FUNCTIONS` or a method name of :data:`METHOD_FORMS`, and its input (the first argument,
+    or the keyword ``input``)."""
+    cls = METHOD_FORMS[target] if isinstance(target, str) else FUNCTIONS[target]
+    kwargs = dict(kwargs)
+    x, args = (args[0], args[1:]) if args else (kwargs.pop("input"), ())
+    module = _SPECIAL.get(cls, cls)(*args, **kwargs)
+    if getattr(module, "inplace", False):  # the same function: built as the module form is
+        module.inplace = False
+    return module, x

@@ -2,8 +2,9 @@
 
 Leaf modules (registered types, torch's own) stay ``call_module`` nodes, converted by the registry.
 Functional calls become the equivalent module instance (``F.gelu(x, approximate=a)`` ->
-``nn.GELU(a)``, ``x.view(x.size(0), -1)`` -> ``nn.Flatten()``...), so that each module type has
-one converter; ``+``/``torch.add`` become :class:`~.combinators.Add`, ``torch.cat``
+``nn.GELU(a)`` as every activation's functional and method forms, :mod:`.functional`;
+``x.view(x.size(0), -1)`` -> ``nn.Flatten()``...), so that each module type has one converter;
+``+``/``torch.add`` become :class:`~.combinators.Add`, ``torch.cat``
 :class:`~.combinators.Concat`, and multiplication or division by a constant
 :class:`~.combinators.Scale`.
 
@@ -24,6 +25,7 @@ from torch import fx, nn
 from ..errors import ConversionError, UnsupportedLayerError
 from ..stax import INPUT
 from .combinators import Add, Concat, Scale
+from .functional import FUNCTIONS, METHOD_FORMS, module_of
 from .families import AVG_POOLS, CONVS, DROPOUTS
 from .graph import Node, make_node
 from .registry import Options
@@ -90,10 +92,6 @@ def _add(x, y, *, alpha=1) -> nn.Module:
 
 
 UNARY: dict = {
-    torch.relu: lambda x: nn.ReLU(), F.relu: lambda x, inplace=False: nn.ReLU(),
-    F.gelu: lambda x, approximate="none": nn.GELU(approximate),
-    torch.tanh: lambda x: nn.Tanh(), F.tanh: lambda x: nn.Tanh(),
-    torch.sigmoid: lambda x: nn.Sigmoid(), F.sigmoid: lambda x: nn.Sigmoid(),
     F.avg_pool2d: _avg_pool2d,
     F.adaptive_avg_pool2d: lambda x, output_size: nn.AdaptiveAvgPool2d(output_size),
     torch.flatten: _flatten,
@@ -102,7 +100,6 @@ UNARY: dict = {
 }
 BINARY: dict = {operator.add: _add, torch.add: _add}
 METHODS: dict = {
-    "relu": lambda x: nn.ReLU(), "tanh": lambda x: nn.Tanh(), "sigmoid": lambda x: nn.Sigmoid(),
     "flatten": _flatten, "view": _view, "reshape": _view, "mul": _scale,
     "div": lambda x, c: _scale(x, c, divide=True),
 }
@@ -116,6 +113,10 @@ def _concat(tensors, dim=0, *, axis=None) -> nn.Module:
 def equivalent(node: fx.Node) -> tuple[nn.Module, list]:
     """The module instance computing fx node ``node``, and the fx nodes it takes as inputs."""
     args, kwargs = node.args, node.kwargs
+    if ((node.op == "call_function" and node.target in FUNCTIONS)
+            or (node.op == "call_method" and node.target in METHOD_FORMS)):
+        module, x = module_of(node.target, args, kwargs)
+        return module, [x]
     if node.op == "call_method" and node.target == "add":
         return _add(*args, **kwargs), list(args)
     if node.op == "call_method" and node.target in METHODS:
@@ -130,8 +131,9 @@ def equivalent(node: fx.Node) -> tuple[nn.Module, list]:
     what = getattr(node.target, "__name__", node.target)
     raise UnsupportedLayerError(
         f"{node.op} '{what}' has no equivalent module here. Supported: the registered modules, "
-        f"{sorted({getattr(f, '__name__', f) for f in (*UNARY, *BINARY, *CONCATS)})} and the "
-        f"tensor methods {sorted({*METHODS, 'add'})}. Use a module, or register a converter for "
+        f"{sorted({getattr(f, '__name__', f) for f in (*UNARY, *BINARY, *CONCATS, *FUNCTIONS)})} "
+        f"and the tensor methods {sorted({*METHODS, *METHOD_FORMS, 'add'})}. Use a module, "
+        f"or register a converter for "
         f"a module wrapping this computation (ntbridge.register_converter).")
 
 
