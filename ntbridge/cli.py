@@ -24,6 +24,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,11 +34,12 @@ if TYPE_CHECKING:  # annotations only: the subcommands that compute import torch
     from torch import nn
 
 from . import files
-from .errors import NtbridgeError
+from .errors import InitMismatchWarning, NtbridgeError
 from .files import BadInput
 from .options import IMPLEMENTATIONS
 
 BAD_INPUT = 2
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 def _mlp(width: int, d_in: int = 16) -> nn.Sequential:
@@ -75,11 +77,12 @@ def demo(args) -> int:
     from . import analysis, api
 
     widths = files.widths(args.widths)
+    files.check_output(args.plot, "--plot", PLOT_SUFFIXES)
     x = torch.randn(args.n, 16, generator=torch.Generator().manual_seed(0))
     start = time.perf_counter()
     k = api.kernel(_mlp(widths[0]), x, parameterization="ntk")
     sweep = analysis.width_sweep(_mlp, widths, x, n_seeds=args.seeds,
-                                          implementation="structured", progress=_progress())
+                                 implementation="structured", progress=_progress())
     plot = _write_plot(sweep, args.plot)
     if args.json:
         _print_json({"nngp": k.nngp.tolist(), "ntk_parameterization_ntk": k.ntk.tolist(),
@@ -99,20 +102,56 @@ def demo(args) -> int:
     return 0
 
 
+def _analytic_options(args) -> dict:
+    """The analytic kernel's options from ``--init``, ``--W-std``, ``--b-std``, checked against
+    ``--get`` and ``--weights``."""
+    init = {"init": args.init, "W_std": args.W_std, "b_std": args.b_std}
+    given = [f"--{k.replace('_', '-')}" for k, v in init.items() if v not in (None, "torch")]
+    if args.get == "empirical":
+        if given:
+            raise BadInput(f"{', '.join(given)} choose the init the analytic kernels assume; the "
+                           f"empirical kernel (--get empirical) uses the weights themselves.")
+        return {}
+    if args.weights and args.init != "infer":
+        raise BadInput("--weights sets the weights of the empirical kernel (--get empirical); the "
+                       "analytic kernel reads them only with --init infer (their variances). Add "
+                       "--init infer, or drop --weights.")
+    return {"parameterization": args.parameterization, **init}
+
+
+def _warn(command: str, caught: list) -> None:
+    """Print the warnings of a computation on stderr, InitMismatchWarning in the command's words."""
+    for w in caught:
+        message = w.message
+        if isinstance(message, InitMismatchWarning):
+            print(f"ntbridge {command}: warning: the analytic kernel assumes torch's default init "
+                  f"(--init torch), but {'; '.join(message.modules)}. Pass --init infer (with "
+                  f"--weights) to use the variances of those weights, or --W-std/--b-std to "
+                  f"state them.", file=sys.stderr)
+        else:
+            print(f"ntbridge {command}: warning: {message}", file=sys.stderr)
+
+
 def kernel(args) -> int:
     from . import api
 
+    files.check_output(args.out, "--out", (".npy", ".pt"))
+    options = _analytic_options(args)
     model = files.module(files.load_callable(args.model)(), args.model)
     if args.weights:
         files.load_weights(model, args.weights)
     x1, x2 = files.load_input(args.x1, "--x1"), files.load_input(args.x2, "--x2")
     if x1.is_floating_point():
         model = model.to(x1.dtype)
+    batching = {"batch_size": args.batch_size, "progress": args.progress or None}
     start = time.perf_counter()
-    if args.get == "empirical":
-        k = api.empirical_ntk(model, x1, x2)
-    else:
-        k = api.kernel(model, x1, x2, args.get, parameterization=args.parameterization)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if args.get == "empirical":
+            k = api.empirical_ntk(model, x1, x2, **batching)
+        else:
+            k = api.kernel(model, x1, x2, args.get, **options, **batching)
+    _warn("kernel", caught)
     seconds = time.perf_counter() - start
     files.save(k, args.out)
     info = {"get": args.get, "shape": list(k.shape), "dtype": str(k.dtype).removeprefix("torch."),
@@ -128,10 +167,14 @@ def kernel(args) -> int:
 def sweep(args) -> int:
     from .analysis import width_sweep
 
+    files.check_output(args.plot, "--plot", PLOT_SUFFIXES)
+    files.check_output(args.csv, "--csv", (".csv",))
+    widths = files.widths(args.widths)
     factory = files.load_callable(args.model_factory)
+    files.check_factory(factory, args.model_factory)
     build = lambda width: files.module(factory(width), args.model_factory)
     x1, x2 = files.load_input(args.x1, "--x1"), files.load_input(args.x2, "--x2")
-    result = width_sweep(build, files.widths(args.widths), x1, x2, n_seeds=args.seeds,
+    result = width_sweep(build, widths, x1, x2, n_seeds=args.seeds,
                          parameterization=args.parameterization,
                          implementation=args.implementation, progress=_progress())
     if args.plot:
@@ -196,6 +239,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", help="a state dict saved with torch.save (loaded weights_only)")
     p.add_argument("--parameterization", choices=("standard", "ntk"), default="standard",
                    help="of the analytic kernels (default standard)")
+    p.add_argument("--init", choices=("torch", "infer"), default="torch",
+                   help="the init the analytic kernels assume: torch's default (default), or the "
+                   "variances of the weights (infer, with --weights)")
+    p.add_argument("--W-std", type=float, dest="W_std", metavar="STD",
+                   help="the weights' standard deviation the analytic kernels assume, every layer")
+    p.add_argument("--b-std", type=float, dest="b_std", metavar="STD",
+                   help="the biases' standard deviation the analytic kernels assume, every layer")
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help="tiles of N x N examples (default: the largest that fits in memory)")
+    p.add_argument("--progress", action="store_true", help="a progress bar on stderr")
     p.set_defaults(run=kernel)
 
     p = sub.add_parser("sweep", parents=[common], help="finite vs infinite width over widths",

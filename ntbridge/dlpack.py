@@ -36,9 +36,15 @@ def kernel_dtype(t: torch.Tensor, name: str = "x1") -> torch.dtype:
     if not isinstance(t, torch.Tensor):
         raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; "
                              f"convert it with torch.as_tensor({name}).")
-    if t.dtype.is_complex or not t.dtype.is_floating_point:
+    if t.dtype.is_complex:
+        raise InputTypeError(f"{name} is complex ({t.dtype}); kernels take real inputs: pass "
+                             f"{name}.real, or its real and imaginary parts as features, "
+                             f"torch.view_as_real({name}).flatten(1).")
+    if not t.dtype.is_floating_point:
         raise InputTypeError(f"{name} has dtype {t.dtype}; kernel functions need floating-point "
-                             f"inputs: pass {name}.float() (or .double() for float64 kernels).")
+                             f"inputs: pass {name}.float() (or .double() for float64 kernels). "
+                             f"Token ids (e.g. for nn.Embedding) have empirical kernels: "
+                             f"ntbridge.empirical_ntk(model, {name}).")
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 

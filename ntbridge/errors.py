@@ -11,6 +11,21 @@ Example:
     ...     print(e)
 """
 
+import os
+import sys
+import warnings
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn(warning: Warning) -> None:
+    """Issue ``warning`` at the user's line: the first caller outside ntbridge (the stack level
+    that Python 3.12's ``skip_file_prefixes`` would give)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(warning, stacklevel=level + 1)
+
 
 class NtbridgeError(Exception):
     """Base class of every error ntbridge raises."""
@@ -29,7 +44,15 @@ class ShapeError(InputError):
 
 
 class UnsupportedLayerError(NtbridgeError, NotImplementedError):
-    """A module has no converter, or no infinite-width kernel rule."""
+    """A module has no converter, or no infinite-width kernel rule.
+
+    Attributes:
+      supported: for a module without a converter, the torch module types that convert (names).
+    """
+
+    def __init__(self, message: str, supported: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.supported = supported
 
 
 class GradientError(NtbridgeError, NotImplementedError):
@@ -41,7 +64,16 @@ class ConversionError(NtbridgeError):
 
 
 class InitMismatchWarning(UserWarning):
-    """The model's weights look inconsistent with the init the analytic kernel assumes."""
+    """The model's weights look inconsistent with the init the analytic kernel assumes.
+
+    Attributes:
+      modules: per module, where it is and what its weights show (the command line words its own
+        advice from them).
+    """
+
+    def __init__(self, message: str, modules: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.modules = modules
 
 
 class MemoryBudgetError(NtbridgeError, MemoryError):

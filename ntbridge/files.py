@@ -11,9 +11,11 @@ Example:
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import pickle
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -22,6 +24,9 @@ import numpy as np
 if TYPE_CHECKING:  # annotations only
     import torch
     from torch import nn
+
+
+_NPY_MAGIC = b"\x93NUMPY"
 
 
 class BadInput(Exception):
@@ -55,10 +60,13 @@ def module(obj, spec: str) -> nn.Module:
 
 
 def _torch_load(path: str, what: str):
-    """``torch.load(weights_only=True)``: tensors and plain containers only, never other objects."""
+    """``torch.load(weights_only=True)``: tensors and plain containers only, never other objects
+    (torch's own warnings about the file are left out: the refusal says what matters)."""
     import torch
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise BadInput(f"refused {what} {path!r}: it contains pickled Python objects other than "
                        f"tensors, and this command never unpickles arbitrary objects. Save plain "
@@ -79,14 +87,32 @@ def load_weights(model: nn.Module, path: str) -> None:
         raise BadInput(f"weights file {path!r} does not fit the model: {e}") from None
 
 
+def _npy(path: str, name: str) -> np.ndarray:
+    """The array of a ``.npy`` file, read without pickles."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(len(_NPY_MAGIC))
+    except OSError as e:
+        raise BadInput(f"cannot read {name} {path!r}: {e.strerror}.") from None
+    if magic != _NPY_MAGIC:
+        raise BadInput(f"{name} {path!r} is not a .npy file (it has no numpy header): save "
+                       f"arrays with numpy.save(path, array), or pass a .pt tensor.")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as e:
+        if "pickle" in str(e):  # an object array
+            raise BadInput(f"{name} {path!r} holds Python objects (an object array), not numbers; "
+                           f"this command reads numeric arrays only and never unpickles.") from None
+        raise BadInput(f"cannot read {name} {path!r} as a .npy array: {e}") from None
+    except (OSError, EOFError) as e:
+        raise BadInput(f"cannot read {name} {path!r} as a .npy array: {e}") from None
+
+
 def load_array(path: str, name: str) -> np.ndarray:
     """A numeric array from ``.npy`` (no pickles) or ``.pt`` (a tensor, ``weights_only``)."""
     suffix = Path(path).suffix
     if suffix == ".npy":
-        try:
-            a = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise BadInput(f"cannot read {name} {path!r} as a .npy array without pickles: {e}") from None
+        a = _npy(path, name)
     elif suffix == ".pt":
         import torch
         a = _torch_load(path, name)
@@ -95,6 +121,9 @@ def load_array(path: str, name: str) -> np.ndarray:
         a = a.detach().cpu().numpy()
     else:
         raise BadInput(f"{name} {path!r}: inputs are .npy or .pt files.")
+    if np.issubdtype(a.dtype, np.complexfloating):
+        raise BadInput(f"{name} {path!r} holds complex numbers (dtype {a.dtype}); kernels take real "
+                       f"inputs: save the real part, or the real and imaginary parts as features.")
     if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)
             or a.dtype == np.bool_):
         raise BadInput(f"{name} {path!r} is not numeric (dtype {a.dtype}).")
@@ -102,18 +131,47 @@ def load_array(path: str, name: str) -> np.ndarray:
 
 
 def load_input(path: str | None, name: str) -> torch.Tensor | None:
+    """The inputs in file ``path`` (``--x1``, ``--x2``): a batch ``(N, ...)`` of examples."""
     import torch
-    return None if path is None else torch.from_numpy(load_array(path, name))
+    if path is None:
+        return None
+    a = load_array(path, name)
+    if a.ndim < 2:
+        raise BadInput(f"{name} {path!r} has shape {a.shape}; inputs are batches of examples, "
+                       f"(N, features...): save a single example with shape (1, {a.size}).")
+    return torch.from_numpy(a)
+
+
+def check_output(path: str | None, flag: str, suffixes: tuple[str, ...]) -> None:
+    """BadInput, before any work, unless ``path`` (``None``: not asked for) ends in one of
+    ``suffixes`` and its directory exists."""
+    if path is None:
+        return
+    if Path(path).suffix not in suffixes:
+        raise BadInput(f"{flag} {path!r}: write a {' or '.join(suffixes)} file.")
+    if not Path(path).resolve().parent.is_dir():
+        raise BadInput(f"{flag} {path!r}: the directory {str(Path(path).parent)!r} does not exist; "
+                       f"create it first (mkdir -p).")
+
+
+def check_factory(factory: Callable, spec: str) -> None:
+    """BadInput unless ``factory`` can be called with one width."""
+    try:
+        inspect.signature(factory).bind(64)
+    except TypeError:
+        raise BadInput(f"MODEL_FACTORY {spec!r} must take the width, one int (e.g. def "
+                       f"make(width): ...); its signature is {inspect.signature(factory)}.") from None
+    except ValueError:  # no signature to read (a builtin): the call itself will tell
+        pass
 
 
 def save(k: torch.Tensor, path: str) -> None:
+    """Write kernel ``k`` to ``path`` (``.pt`` or ``.npy``, checked by :func:`check_output`)."""
     if Path(path).suffix == ".pt":
         import torch
         torch.save(k.detach().cpu().clone(), path)
-    elif Path(path).suffix == ".npy":
-        np.save(path, k.detach().cpu().numpy())
     else:
-        raise BadInput(f"--out {path!r}: write a .npy or .pt file.")
+        np.save(path, k.detach().cpu().numpy())
 
 
 def widths(text: str) -> list[int]:

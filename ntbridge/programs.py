@@ -39,7 +39,6 @@ import pickle
 import sys
 import tempfile
 import threading
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Hashable, Sequence, TypeVar
 
@@ -47,7 +46,7 @@ import jax
 import numpy as np
 
 from .devices import compiler_options, reject_options
-from .errors import CacheWarning
+from .errors import CacheWarning, warn
 
 T = TypeVar("T")
 MAX_ENTRIES = 256  # in memory, least recently used dropped first
@@ -137,9 +136,9 @@ _WARNED: set[str] = set()
 def _warn_once(directory: Path, error: Exception) -> None:
     if str(directory) not in _WARNED:
         _WARNED.add(str(directory))
-        warnings.warn(f"ntbridge cannot write its compilation cache in {directory} ({error}); "
-                      f"programs are compiled without it. Set NTBRIDGE_CACHE_DIR to a writable "
-                      f"directory, or NTBRIDGE_CACHE_DIR=off.", CacheWarning, stacklevel=4)
+        warn(CacheWarning(f"ntbridge cannot write its compilation cache in {directory} ({error}); "
+                          f"programs are compiled without it. Set NTBRIDGE_CACHE_DIR to a writable "
+                          f"directory, or NTBRIDGE_CACHE_DIR=off."))
 
 
 _PLAIN = (str, bytes, int, float, complex, type(None))  # bool is an int

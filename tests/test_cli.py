@@ -22,6 +22,14 @@ def factory(width):
 
 def not_a_model():
     return 3
+
+def kaiming():
+    model = mlp()
+    nn.init.kaiming_normal_(model[0].weight)
+    return model
+
+def no_width():
+    return mlp()
 '''
 
 
@@ -123,7 +131,7 @@ def test_weights_with_a_pickled_object_are_refused(work, monkeypatch):
 
     torch.save({"0.weight": Payload()}, work / "evil.pt")
     out = run(work, "kernel", "mymodels:mlp", "--x1", "x1.npy", "--out", "k.npy",
-              "--weights", "evil.pt")
+              "--get", "empirical", "--weights", "evil.pt")
     assert out.returncode == 2
     assert "never unpickles arbitrary objects" in out.stderr
     assert not marker.exists() and not (work / "k.npy").exists()
@@ -187,3 +195,70 @@ def test_help_and_compare_import_neither_torch_nor_jax(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "loaded: []"
+
+
+def test_outputs_and_factories_are_checked_before_any_work(work, monkeypatch, capsys):
+    """A bad --out, --plot or --csv is refused (exit 2, one line) before the model is even
+    imported: 'nomodule' would fail otherwise."""
+    cases = [("kernel", "nomodule:mlp", "--x1", "x1.npy", "--out", "missing/dir/k.npy"),
+             ("kernel", "nomodule:mlp", "--x1", "x1.npy", "--out", "k.txt"),
+             ("sweep", "nomodule:factory", "--widths", "8,16", "--x1", "x1.npy", "--plot",
+              "missing/p.png"),
+             ("sweep", "nomodule:factory", "--widths", "8,16", "--x1", "x1.npy", "--csv", "s.txt"),
+             ("demo", "--plot", "missing/demo.png")]
+    messages = ["the directory 'missing/dir' does not exist", "write a .npy or .pt file",
+                "the directory 'missing' does not exist", "--csv 's.txt': write a .csv file",
+                "the directory 'missing' does not exist"]
+    for args, message in zip(cases, messages):
+        assert run_main(work, *args, monkeypatch=monkeypatch) == 2, args
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (args, err)
+    assert run_main(work, "sweep", "mymodels:no_width", "--widths", "8,16", "--x1", "x1.npy",
+                    monkeypatch=monkeypatch) == 2
+    assert "must take the width" in capsys.readouterr().err
+
+
+def test_kernel_options_weights_and_init(work, monkeypatch, capsys):
+    import ntbridge
+
+    sys.path.insert(0, str(work))
+    try:
+        from mymodels import kaiming, mlp
+    finally:
+        sys.path.remove(str(work))
+    x1 = torch.from_numpy(np.load(work / "x1.npy"))
+    model = kaiming()
+    torch.save(model.state_dict(), work / "w.pt")
+    kernel = lambda *extra: run_main(work, "kernel", "mymodels:mlp", "--x1", "x1.npy", "--out",
+                                     "k.npy", *extra, monkeypatch=monkeypatch)
+    assert kernel("--weights", "w.pt") == 2  # the analytic kernel would ignore them
+    assert "Add --init infer, or drop --weights" in capsys.readouterr().err
+    assert kernel("--weights", "w.pt", "--init", "infer", "--batch-size", "2") == 0
+    expected = ntbridge.ntk(model, x1, init="infer")
+    np.testing.assert_allclose(np.load(work / "k.npy"), expected.numpy(), rtol=1e-6)
+    assert kernel("--W-std", "1.5", "--b-std", "0.1") == 0
+    np.testing.assert_allclose(np.load(work / "k.npy"),
+                               ntbridge.ntk(mlp(), x1, W_std=1.5, b_std=0.1).numpy(), rtol=1e-6)
+    assert kernel("--get", "empirical", "--W-std", "1.5") == 2
+    assert "--W-std choose the init the analytic kernels assume" in capsys.readouterr().err
+    # weights a factory initialised otherwise: the warning advises the command's own options
+    assert run_main(work, "kernel", "mymodels:kaiming", "--x1", "x1.npy", "--out", "k.npy",
+                    monkeypatch=monkeypatch) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "--init infer" in err and "init='infer'" not in err
+
+
+def test_input_files_are_explained_in_the_command_s_terms(work, monkeypatch, capsys):
+    (work / "text.npy").write_text("1 2 3\n4 5 6\n")
+    np.save(work / "complex.npy", np.ones((3, 4), np.complex64))
+    np.save(work / "one.npy", np.ones(4, np.float32))
+    np.save(work / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    messages = {"text.npy": "is not a .npy file (it has no numpy header)",
+                "complex.npy": "holds complex numbers (dtype complex64)",
+                "one.npy": "save a single example with shape (1, 4)",
+                "objects.npy": "holds Python objects (an object array)"}
+    for name, message in messages.items():
+        assert run_main(work, "kernel", "mymodels:mlp", "--x1", name, "--out", "k.npy",
+                        monkeypatch=monkeypatch) == 2
+        err = capsys.readouterr().err
+        assert message in err and "x1[None]" not in err, (name, err)

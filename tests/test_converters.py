@@ -71,7 +71,7 @@ def test_kaiming_normal_and_rescaled_weights_always_look_mismatched():
             w = nn.init.kaiming_normal_(torch.empty(d_out, d_in))
             assert init_mismatch(w, d_in) is not None, (seed, d_in, d_out)
     fresh = nn.Linear(64, 32).weight.detach()
-    assert "beyond the bound" in init_mismatch(2 * fresh, 64)
+    assert "above the bound 1/sqrt(fan_in) = 0.125" in init_mismatch(2 * fresh, 64)
     # half the scale: a variance 0.25x the default's, (0.25 - 1) / sqrt(4 / (5 * 2048)) = -38 s.e.
     assert "a variance 0.2" in init_mismatch(fresh / 2, 64)
     assert INIT_Z_MAX < 38

@@ -47,8 +47,13 @@ def test_empty_batch_and_unbatched():
 def test_unsupported_module_named_with_position_and_fix():
     model = nn.Sequential(nn.Linear(4, 8), nn.Sequential(nn.ReLU(), nn.LSTMCell(8, 8)))
     with pytest.raises(errors.UnsupportedLayerError,
-                       match=r"module 2 '1.1' \(LSTMCell\) has no converter.*Linear.*register_converter"):
+                       match=r"^module 2 '1.1' \(LSTMCell\) has no infinite-width kernel rule in "
+                             r"ntbridge\. Its empirical kernels work: ntbridge\.empirical_ntk.*"
+                             r"register_converter\(LSTMCell\)\.$") as refused:
         ntbridge.ntk(model, X)
+    message, supported = str(refused.value), refused.value.supported
+    assert len(message) < 400 and "Linear" in supported and "Conv2d" in supported
+    assert not {"Add", "Concat", "Scale", "_BatchNorm"} & set(supported + tuple(message.split()))
 
 
 def test_relu_after_relu_has_no_gaussian_rule():
@@ -70,3 +75,23 @@ def test_bad_options():
         ntbridge.kernel(MODEL, X, get="ntkk")
     with pytest.raises(errors.InputTypeError, match="model must be a torch.nn.Module"):
         ntbridge.ntk(lambda x: x, X)
+
+
+def test_warnings_point_at_the_user_s_call(tmp_path, monkeypatch):
+    """InitMismatchWarning and CacheWarning are reported at the line that called ntbridge, with
+    the bound in words."""
+    from ntbridge import programs
+
+    model = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 1))
+    nn.init.kaiming_normal_(model[0].weight)
+    with pytest.warns(errors.InitMismatchWarning, match=r"largest \|entry\| .*, above the bound "
+                                                          r"1/sqrt\(fan_in\) = 0\.5") as caught:
+        ntbridge.ntk(model, X)
+    assert caught[0].filename == __file__
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("NTBRIDGE_CACHE_DIR", str(blocked / "cache"))
+    monkeypatch.setattr(programs, "_WARNED", set())
+    with pytest.warns(errors.CacheWarning) as caught:
+        ntbridge.nngp(nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1)), X)
+    assert caught[0].filename == __file__

@@ -373,7 +373,7 @@ def test_identity_forward_and_unsupported_leaf_in_a_traced_model():
         def forward(self, x):
             return self.cell(x)[0]
 
-    with pytest.raises(errors.UnsupportedLayerError, match=r"module 0 'cell' \(LSTMCell\) has no converter"):
+    with pytest.raises(errors.UnsupportedLayerError, match=r"module 0 'cell' \(LSTMCell\) has no infinite-width kernel rule"):
         ntbridge.convert(WithLSTM())
 
 

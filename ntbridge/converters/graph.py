@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 
 import jax
 import torch
 from torch import nn
 
 from .. import programs
-from ..errors import InitMismatchWarning, InputError, NtbridgeError, UnsupportedLayerError
+from ..errors import InitMismatchWarning, InputError, NtbridgeError, UnsupportedLayerError, warn
 from ..results import Kernels
 from ..specs import KERNEL_NAMES
 from ..stax import INPUT, Layer, dag
@@ -48,7 +47,7 @@ class Node:
     def where(self) -> str:
         """How error messages name this module: position, qualified name and type; for a functional
         call in a traced forward, the operation and the user's module around it."""
-        return self.origin or f"module {self.index} '{self.name}' ({type(self.module).__name__})"
+        return self.origin or module_where(self.index, self.name, self.module)
 
     def key(self, param: str) -> str:
         return f"{self.name}.{param}" if self.name else param
@@ -56,6 +55,13 @@ class Node:
     def owner(self, param: str) -> str:
         """The qualified name of the module owning ``param`` (for ``by_layer``): this one."""
         return self.name
+
+
+def module_where(index: int, name: str, module: nn.Module) -> str:
+    """How messages name a module: ``module 2 'block.conv' (Conv2d)``, or ``the model (MyNet)``
+    for the top-level module itself."""
+    kind = type(module).__name__
+    return f"module {index} '{name}' ({kind})" if name else f"the model ({kind})"
 
 
 def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -68,16 +74,17 @@ def make_node(index: int, name: str, module: nn.Module, inputs: tuple[int, ...],
     """Convert ``module`` (qualified name ``name``, fed by nodes ``inputs``; ``origin``: see
     :class:`Node`) with its registered converter; raises UnsupportedLayerError naming it if it has
     none."""
-    converter = find_converter(module)
+    converter, where = find_converter(module), module_where(index, name, module)
     if converter is None:
         raise UnsupportedLayerError(
-            f"module {index} '{name}' ({type(module).__name__}) has no converter. Supported module "
-            f"types: {', '.join(supported_types())}. Register one with "
-            f"@ntbridge.register_converter({type(module).__name__}), or build the model from "
-            f"supported modules.")
+            f"{where} has no infinite-width kernel rule in ntbridge. Its empirical kernels work: "
+            f"ntbridge.empirical_ntk(model, x1) (also empirical_nngp and monte_carlo). For the "
+            f"analytic kernel, build the model from supported modules (this error's .supported "
+            f"lists them) or teach ntbridge this one with "
+            f"@ntbridge.register_converter({type(module).__name__}).", supported_types())
     for key, t in _tensors(module).items():
         if t.numel() == 0:
-            raise InputError(f"module {index} '{name}' ({type(module).__name__}) has a zero-size "
+            raise InputError(f"{where} has a zero-size "
                              f"{key} (shape {tuple(t.shape)}): a layer without units or inputs "
                              f"has no kernel; give it at least one, or remove it.")
     ctx = Context(name, index, options)
@@ -118,11 +125,11 @@ def _warn_init_mismatch(nodes: tuple[Node, ...]) -> None:
                 if (why := init_mismatch(t, fan_in))]
         found += [f"{n.where}: {', '.join(whys)}"] if whys else []
     if found:
-        warnings.warn(
+        warn(InitMismatchWarning(
             "the analytic kernel assumes torch's default init (init='torch'), but "
             + "; ".join(found) + ". Pass init='infer' to use the variances of the current "
             "weights, or W_std=/b_std= (a float or {module name: float}) to state them.",
-            InitMismatchWarning, stacklevel=3)
+            tuple(found)))
 
 
 class Graph:

@@ -46,8 +46,11 @@ def find_converter(module: nn.Module) -> Converter | None:
     return None
 
 
-def supported_types() -> list[str]:
-    return sorted(cls.__name__ for cls in CONVERTERS)
+def supported_types() -> tuple[str, ...]:
+    """The names of the torch module types (and users' registered ones) that convert; ntbridge's
+    internal stand-ins for functional calls are not listed."""
+    return tuple(sorted(cls.__name__ for cls in CONVERTERS
+                        if not cls.__module__.startswith("ntbridge.")))
 
 
 StdOption = float | Mapping[str, float] | None
@@ -158,7 +161,7 @@ def init_mismatch(tensor: torch.Tensor, fan_in: int) -> str | None:
         >>> init_mismatch(nn.Linear(64, 64).weight, 64) is None
         True
         >>> init_mismatch(nn.init.kaiming_normal_(torch.empty(64, 64)), 64)
-        'entries up to 0.6 beyond the bound 1/sqrt(fan_in) = 0.125'
+        'largest |entry| 0.6, above the bound 1/sqrt(fan_in) = 0.125'
     """
     t = tensor.detach().cpu()  # numpy's reductions: one thread (see ntbridge.dlpack.all_finite)
     t = (t.float() if t.dtype == torch.bfloat16 else t).numpy().astype(np.float64).ravel()
@@ -167,7 +170,7 @@ def init_mismatch(tensor: torch.Tensor, fan_in: int) -> str | None:
     bound = fan_in ** -0.5
     largest = float(np.abs(t).max())
     if largest > bound * (1 + 4 * torch.finfo(tensor.dtype).eps):
-        return f"entries up to {largest:.3g} beyond the bound 1/sqrt(fan_in) = {bound:.3g}"
+        return f"largest |entry| {largest:.3g}, above the bound 1/sqrt(fan_in) = {bound:.3g}"
     ratio = float(np.mean(t * t)) / (bound ** 2 / 3)
     z = (ratio - 1) / (4 / (5 * t.size)) ** 0.5
     if abs(z) > INIT_Z_MAX:

@@ -48,7 +48,8 @@ def check_resettable(model: nn.Module) -> None:
         if _reset_fn(module) is None:
             kind = type(module).__name__
             raise UnsupportedLayerError(
-                f"module '{name}' ({kind}) has parameters but no reset_parameters(), so "
+                f"{f'module {name!r}' if name else 'the model'} ({kind}) has parameters but no "
+                f"reset_parameters(), so "
                 f"monte_carlo cannot draw fresh initialisations of this model (it has no "
                 f"converter). Define {kind}.reset_parameters() (re-initialising its parameters in "
                 f"place), or average ntbridge.empirical_ntk over models you initialise yourself.")
