@@ -57,10 +57,6 @@ def _print_json(data: dict) -> None:
     print(json.dumps(data, indent=2))
 
 
-def _progress() -> bool:
-    return sys.stderr.isatty()
-
-
 # ---- subcommands ----
 
 def _write_plot(sweep, path: str) -> str | None:
@@ -82,7 +78,7 @@ def demo(args) -> int:
     start = time.perf_counter()
     k = api.kernel(_mlp(widths[0]), x, parameterization="ntk")
     sweep = analysis.width_sweep(_mlp, widths, x, n_seeds=args.seeds,
-                                 implementation="structured", progress=_progress())
+                                 implementation="structured")
     plot = _write_plot(sweep, args.plot)
     if args.json:
         _print_json({"nngp": k.nngp.tolist(), "ntk_parameterization_ntk": k.ntk.tolist(),
@@ -176,7 +172,7 @@ def sweep(args) -> int:
     x1, x2 = files.load_input(args.x1, "--x1"), files.load_input(args.x2, "--x2")
     result = width_sweep(build, widths, x1, x2, n_seeds=args.seeds,
                          parameterization=args.parameterization,
-                         implementation=args.implementation, progress=_progress())
+                         implementation=args.implementation)
     if args.plot:
         result.plot(args.plot)
     if args.csv:

@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 import jax
@@ -27,5 +29,8 @@ settings.register_profile("long", max_examples=200, deadline=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-# ntbridge's compilation cache: a fresh directory per test process, not the user's cache.
-os.environ.setdefault("NTBRIDGE_CACHE_DIR", tempfile.mkdtemp(prefix="ntbridge-test-cache-"))
+# ntbridge's compilation cache: a fresh directory per test run (xdist's workers inherit it), not the
+# user's cache, removed when the process that made it exits.
+if "NTBRIDGE_CACHE_DIR" not in os.environ:
+    os.environ["NTBRIDGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ntbridge-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["NTBRIDGE_CACHE_DIR"], ignore_errors=True)

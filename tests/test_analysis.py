@@ -129,8 +129,8 @@ def test_bad_arguments():
         width_sweep(lambda w: "model", [8], torch.randn(3, 8), n_seeds=1)
 
 
-def sweep_of(errors: dict) -> WidthSweep:
-    return WidthSweep((64, 256), {q: np.array(e) for q, e in errors.items()}, "standard", "analytic")
+def sweep_of(errors: dict, widths: tuple = (64, 256)) -> WidthSweep:
+    return WidthSweep(widths, {q: np.array(e) for q, e in errors.items()}, "standard", "analytic")
 
 
 def test_a_slope_too_uncertain_to_tell_from_minus_one_half_is_said_in_words():
@@ -153,5 +153,17 @@ def test_a_slope_told_apart_from_zero_has_no_caveat():
     assert not Fit(math.nan, math.nan, math.nan).uncertain  # one width: no slope to speak of
     precise = sweep_of({"ntk": [[0.19, 0.21], [0.095, 0.105]]})
     assert "too uncertain" not in str(precise)
-    one_seed = sweep_of({"ntk": [[0.2], [0.1]]})
-    assert "too uncertain to tell from -0.5 (or from 0, no convergence): NTK -0.500 ± nan" in str(one_seed)
+
+
+def test_one_seed_or_one_width_says_why_a_figure_is_missing():
+    def slope_row(text):
+        return next(line for line in text.splitlines() if line.startswith("slope"))
+
+    one_seed = str(sweep_of({"ntk": [[0.2], [0.1]]}))
+    assert "nan" not in one_seed and "±" not in one_seed.splitlines()[2]  # no spread to show
+    assert slope_row(one_seed).endswith("-0.500")  # the slope, without a standard error
+    assert one_seed.endswith("\nOne seed: no spread per width and no standard error of the slopes; "
+                             "use n_seeds >= 2.")
+    one_width = str(sweep_of({"ntk": [[0.2, 0.3]]}, widths=(64,)))
+    assert "nan" not in one_width and slope_row(one_width).endswith("n/a")
+    assert one_width.endswith("\nNo slope: a slope needs at least two distinct widths.")

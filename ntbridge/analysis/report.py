@@ -41,7 +41,12 @@ class Fit(NamedTuple):
         return not math.isnan(self.slope) and not self.standard_error <= distance
 
     def __str__(self) -> str:
-        """``slope ± standard error``, e.g. ``-0.487 ± 0.021``."""
+        """``slope ± standard error``, e.g. ``-0.487 ± 0.021``; ``-0.487`` without a standard error
+        (one seed), ``n/a`` without a slope (one width)."""
+        if math.isnan(self.slope):
+            return "n/a"
+        if math.isnan(self.standard_error):
+            return f"{self.slope:+.3f}"
         return f"{self.slope:+.3f} ± {self.standard_error:.3f}"
 
 
@@ -99,7 +104,8 @@ class WidthSweep:
         return self.fit("ntk").slope
 
     def _cell(self, quantity: str, i: int) -> str:
-        return f"{self.mean(quantity)[i]:.4f} ± {self.spread(quantity)[i]:.4f}"
+        mean = f"{self.mean(quantity)[i]:.4f}"
+        return mean if self.n_seeds < 2 else f"{mean} ± {self.spread(quantity)[i]:.4f}"
 
     def _rows(self) -> tuple[list[str], list[list[str]]]:
         header = ["width", *(_label(q) for q in self.errors)]
@@ -112,12 +118,17 @@ class WidthSweep:
         layers = ("per-layer errors: against the analytic NTK's contribution of each module"
                   if self.layer_reference == "analytic" else
                   "per-layer errors: each module's empirical contribution vs its mean over seeds")
-        note = (f"Relative Frobenius error vs the infinite-width limit, mean ± std over "
-                f"{self.n_seeds} seeds ({self.parameterization} parameterization); NNGP: "
-                f"readout-conditional output covariance; {layers}; slope of log(error) vs "
-                f"log(width).")
-        uncertain = [f"{_label(q)} {self.fit(q)}" for q in self.errors if self.fit(q).uncertain]
-        if uncertain:
+        seeds = f"{self.n_seeds} seed{'s' * (self.n_seeds > 1)}"
+        note = (f"Relative Frobenius error vs the infinite-width limit, mean ± std over {seeds} "
+                f"({self.parameterization} parameterization); NNGP: readout-conditional output "
+                f"covariance; {layers}; slope of log(error) vs log(width).")
+        if len(set(self.widths)) < 2:
+            note += "\nNo slope: a slope needs at least two distinct widths."
+        elif self.n_seeds < 2:
+            note += ("\nOne seed: no spread per width and no standard error of the slopes; use "
+                     "n_seeds >= 2.")
+        elif uncertain := [f"{_label(q)} {self.fit(q)}" for q in self.errors
+                           if self.fit(q).uncertain]:
             note += (f"\nSlopes too uncertain to tell from -0.5 (or from 0, no convergence): "
                      f"{', '.join(uncertain)}; use more seeds or wider widths.")
         return note

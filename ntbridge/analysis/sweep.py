@@ -20,7 +20,9 @@ from ..converters import Graph
 from ..empirical.reinit import sample_seed
 from ..errors import InputError, InputTypeError
 from ..pipeline import Request, run
+from ..progress import Bar
 from ..specs import Analytic
+from ..tiling import Batching
 from .report import SEED_SPREAD, WidthSweep
 
 
@@ -50,6 +52,7 @@ def analytic_ntk_by_layer(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor |
 def _analytic(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, parameterization: str):
     """``(nngp, ntk, {name: contribution} or None for graphs that are not chains, graph)``."""
     outcome = run(Request(model, x1, x2, Analytic(("nngp", "ntk"), by_layer=True),
+                          batching=Batching(progress=False),  # the sweep's own bar shows progress
                           conversion=dict(parameterization=parameterization)))
     if outcome.info is None:
         return outcome.result.nngp, outcome.result.ntk, None, outcome.graph
@@ -102,7 +105,7 @@ def _ntk_parameterization_factors(graph: Graph) -> dict[str, float]:
 def width_sweep(build: Callable[[int], nn.Module], widths: Sequence[int], x1: torch.Tensor,
                 x2: torch.Tensor | None = None, *, n_seeds: int = 3,
                 parameterization: str = "standard", seed: int = 0,
-                implementation: str = "auto", progress: bool = False) -> WidthSweep:
+                implementation: str = "auto", progress: bool | None = None) -> WidthSweep:
     """Finite-width kernels of freshly initialised models vs their infinite-width limits.
 
     Args:
@@ -119,7 +122,7 @@ def width_sweep(build: Callable[[int], nn.Module], widths: Sequence[int], x1: to
         w, s])``): independent draws across widths and seeds
         (the global RNG state is restored afterwards).
       implementation: of the empirical NTK (see ``ntbridge.empirical_ntk``).
-      progress: a progress bar on stderr.
+      progress: a progress bar on stderr (None: on a terminal, once the sweep takes a while).
 
     Returns:
       A :class:`WidthSweep` (prints as a table; ``to_markdown``, ``to_csv``, ``plot``, ``fit``).
@@ -137,36 +140,36 @@ def width_sweep(build: Callable[[int], nn.Module], widths: Sequence[int], x1: to
         raise InputError(f"parameterization must be 'standard' or 'ntk', got {parameterization!r}.")
     errors: dict[str, np.ndarray] = {}
     layer_reference = "analytic"
-    bar = _progress(len(widths) * n_seeds, progress)
-    for i, width in enumerate(widths):
-        for s in range(n_seeds):
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(sample_seed(seed, width, s))
-                model = build(width)
-            if not isinstance(model, nn.Module):
-                raise InputTypeError(f"build({width}) must return a torch.nn.Module, got "
-                                     f"{type(model).__name__}.")
-            model = model.to(x1.dtype) if x1.is_floating_point() else model
-            if s == 0:
-                nngp, ntk, layers, graph = _analytic(model, x1, x2, parameterization)
-                factors = (_ntk_parameterization_factors(graph) if parameterization == "ntk"
-                           else {n.name: 1.0 for n in graph.layers if n.param_names})
-                layer_reference = "analytic" if layers is not None else SEED_SPREAD
-                samples = []
-            parts = {name: k * factors[name]
-                     for name, k in empirical_ntk(model, x1, x2, by_layer=True,
-                                                 implementation=implementation).items()}
-            values = {"ntk": _relative_error(sum(parts.values()), ntk),
-                      "nngp": _relative_error(_readout_nngp(model, graph, x1, x2), nngp)}
-            if layers is not None:
-                values |= {f"ntk[{n}]": _relative_error(k, layers[n]) for n, k in parts.items()}
-            samples.append((values, parts))
-            bar.update()
-        if layers is None:
-            samples = _seed_spread(samples)
-        for q in samples[0][0]:
-            errors.setdefault(q, np.zeros((len(widths), n_seeds)))[i] = [v[q] for v, _ in samples]
-    bar.close()
+    with Bar(len(widths) * n_seeds, "width sweep", "model", progress, leave=False) as bar:
+        for i, width in enumerate(widths):
+            for s in range(n_seeds):
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(sample_seed(seed, width, s))
+                    model = build(width)
+                if not isinstance(model, nn.Module):
+                    raise InputTypeError(f"build({width}) must return a torch.nn.Module, got "
+                                         f"{type(model).__name__}.")
+                model = model.to(x1.dtype) if x1.is_floating_point() else model
+                if s == 0:
+                    nngp, ntk, layers, graph = _analytic(model, x1, x2, parameterization)
+                    factors = (_ntk_parameterization_factors(graph) if parameterization == "ntk"
+                               else {n.name: 1.0 for n in graph.layers if n.param_names})
+                    layer_reference = "analytic" if layers is not None else SEED_SPREAD
+                    samples = []
+                parts = {name: k * factors[name]
+                         for name, k in empirical_ntk(model, x1, x2, by_layer=True,
+                                                     implementation=implementation,
+                                                     progress=False).items()}
+                values = {"ntk": _relative_error(sum(parts.values()), ntk),
+                          "nngp": _relative_error(_readout_nngp(model, graph, x1, x2), nngp)}
+                if layers is not None:
+                    values |= {f"ntk[{n}]": _relative_error(k, layers[n]) for n, k in parts.items()}
+                samples.append((values, parts))
+                bar.update()
+            if layers is None:
+                samples = _seed_spread(samples)
+            for q in samples[0][0]:
+                errors.setdefault(q, np.zeros((len(widths), n_seeds)))[i] = [v[q] for v, _ in samples]
     return WidthSweep(tuple(widths), errors, parameterization, layer_reference)
 
 
@@ -189,7 +192,3 @@ def _check_widths(widths: Sequence[int]) -> list[int]:
         raise InputError(f"widths must be positive ints, got {widths!r}.")
     return widths
 
-
-def _progress(total: int, show: bool):
-    from tqdm.auto import tqdm
-    return tqdm(total=total, desc="width sweep", unit="model", disable=not show, leave=False)

@@ -22,7 +22,8 @@ class Batching:
         fit in memory, then the largest tile that fits; ``0`` = never tile.
       device_count: local devices to spread tiles over; ``-1`` = all.
       store_on_device: keep the result on the device (True) or gather tiles in host memory.
-      progress: a tqdm bar; ``None`` = only for long runs attached to a terminal.
+      progress: a bar of tiles and a timer while compiling (:mod:`ntbridge.progress`); ``None`` =
+        on a terminal, once the work has taken a couple of seconds.
       out: a ``.npy`` path: the kernel is written there tile by tile (resumable) and returned as a
         tensor over a copy-on-write memory map of it (writing to it leaves the file as computed).
       platform: the platform of the inputs ("cpu", "gpu"), whose devices compute the tiles; set

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import sys
 from typing import Any, Callable, Hashable, NamedTuple
 
 import jax
@@ -25,6 +24,7 @@ from .. import programs
 from ..devices import free_bytes
 from ..dlpack import abstract, all_finite, to_jax, to_torch
 from ..errors import InputError, MemoryBudgetError
+from ..progress import Bar
 from .arrays import symmetrize
 from . import distributed
 from .plan import MEMORY_FRACTION, Batching, Tiling
@@ -146,9 +146,18 @@ def compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor) -> Pr
     arguments = abstract_arguments(task, tiling, devices, x1)
     key = programs.ProgramKey.of("tiles", (task.computation, tiling.symmetric, tiling.whole),
                                  arguments, devices)
-    return programs.cached(key, lambda: _analysed(programs.compile(
-        key, lambda: _program(task, devices, tiling).lower(*arguments), devices,
-        task.program_kind(abstract(x1)))))
+    return programs.cached(key, lambda: _build(task, tiling, devices, arguments, opts, key, x1))
+
+
+def _build(task: Task, tiling: Tiling, devices: list, arguments: tuple, opts: Batching,
+           key: programs.ProgramKey, x1: torch.Tensor) -> Program:
+    """The tile program compiled (or loaded from the persistent cache), timed as a stage."""
+    name = task.computation[0].replace("_", " ")
+    with Bar(None, f"ntbridge: compiling the {name} program ({tiling.b1} x {tiling.b2} tiles)",
+             progress=opts.progress, leave=False):
+        return _analysed(programs.compile(
+            key, lambda: _program(task, devices, tiling).lower(*arguments), devices,
+            task.program_kind(abstract(x1))))
 
 
 def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
@@ -260,27 +269,24 @@ def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None,
         store = MemoryStore(tiling, shapes, dtypes, device, task.perm)
     pid, count = jax.process_index(), jax.process_count()
     mine = [t for n, t in enumerate(tiling.tiles) if n % count == pid and t not in store.done]
-    show = opts.progress if opts.progress is not None else (len(mine) >= 16 and sys.stderr.isatty())
-    from tqdm.auto import tqdm
-    bar = tqdm(total=len(mine), desc="ntbridge tiles", unit="tile", disable=not show)
     devices = tiling.devices(opts)
     sharding, replicated = shardings(devices)
     args = jax.device_put(task.args, replicated)
     computed = {}
-    for start in range(0, len(mine), len(devices)):
-        group = mine[start:start + len(devices)]
-        out = program.executable(args, *tile_inputs(x1, xb, tiling, group, sharding, devices))
-        blocks = [per_device(leaf) for leaf in jax.tree.leaves(out)]
-        for k, (i, j) in enumerate(group):
-            rows, cols = tiling.rows(i), tiling.cols(j)
-            tile = [b[k][:rows.stop - rows.start, :cols.stop - cols.start] for b in blocks]
-            _check_finite(tile, rows, cols)
-            if symmetrized and i == j:
-                tile = [symmetrize(leaf, task.perm(leaf.ndim)) for leaf in tile]
-            store.put(i, j, tile)
-            computed[i, j] = tile
-        bar.update(len(group))
-    bar.close()
+    with Bar(len(mine), "ntbridge tiles", "tile", opts.progress) as bar:
+        for start in range(0, len(mine), len(devices)):
+            group = mine[start:start + len(devices)]
+            out = program.executable(args, *tile_inputs(x1, xb, tiling, group, sharding, devices))
+            blocks = [per_device(leaf) for leaf in jax.tree.leaves(out)]
+            for k, (i, j) in enumerate(group):
+                rows, cols = tiling.rows(i), tiling.cols(j)
+                tile = [b[k][:rows.stop - rows.start, :cols.stop - cols.start] for b in blocks]
+                _check_finite(tile, rows, cols)
+                if symmetrized and i == j:
+                    tile = [symmetrize(leaf, task.perm(leaf.ndim)) for leaf in tile]
+                store.put(i, j, tile)
+                computed[i, j] = tile
+            bar.update(len(group))
     if count > 1 and isinstance(store, MemoryStore):
         distributed.exchange(request, tiling.tiles, computed, store.put)
     elif count > 1:
