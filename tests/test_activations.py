@@ -76,6 +76,7 @@ SELF_RULES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,rtol", [("float32", 1e-5), ("float64", 1e-10)])
 @pytest.mark.parametrize("name", sorted(SELF_RULES))
 def test_self_rules_are_the_rules_at_cosine_one(name, dtype, rtol):
@@ -190,6 +191,7 @@ QUADRATURE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(QUADRATURE))
 def test_quadrature_rule_matches_high_degree_gauss_hermite(name):
     f, df, jf = QUADRATURE[name]
@@ -245,6 +247,7 @@ def test_polar_rule_matches_closed_forms_with_a_kink_or_a_jump_at_zero(dtype, rt
             assert np.all(np.abs(g - e) <= rtol * size), (g, e)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_polar_rule_and_its_gradients_are_finite_at_degenerate_inputs(dtype):
     """Zero variances, correlations +-1 and 0, a large variance (Softsign)."""
@@ -268,6 +271,7 @@ MODULES = [nn.ReLU(), nn.LeakyReLU(0.2), nn.RReLU().eval(), nn.GELU(), nn.GELU("
            nn.Threshold(0.1, -2.0), nn.Softmax(-1), nn.LogSoftmax(1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: repr(m))
 @pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
 def test_apply_fn_equals_module(module, dtype, rtol):
@@ -284,6 +288,7 @@ def test_apply_fn_equals_module(module, dtype, rtol):
 FAMILIES = [nn.LeakyReLU(0.2), nn.GELU(), nn.Tanh(), nn.ELU(), nn.Softplus()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("act", FAMILIES, ids=lambda m: type(m).__name__)
 def test_one_hidden_layer_matches_monte_carlo(act):
     # One hidden layer: the expected empirical kernels equal the analytic ones at any width.
@@ -296,6 +301,7 @@ def test_one_hidden_layer_matches_monte_carlo(act):
         assert_within_standard_error(ntk, k.ntk, f"NTK ({parameterization})")
 
 
+@pytest.mark.slow
 def test_two_hidden_layers_tanh_gelu_match_monte_carlo():
     # Two layers: the bias is O(1/width), about 2e-3 relative here, below one standard error.
     x = torch.randn(4, 3, dtype=torch.float64)

@@ -36,6 +36,7 @@ CASES = [(name, "jacobian") for name in ZOO if name not in ("lstm", "attention")
     ("embedding", "ntvp"), ("custom", "auto")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, implementation", CASES)
 def test_empirical_ntk_matches_torch_func(name, implementation):
     model, x1, x2 = example(name)
@@ -62,6 +63,7 @@ def test_structured_applies_to_translated_linear_and_conv_steps():
     assert "out.weight" in plans["lstm"] and "rnn.weight_hh_l0" not in plans["lstm"]
 
 
+@pytest.mark.slow
 def test_float32_and_auto():
     model, x1, x2 = example("attention", torch.float32)
     k, info = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), return_info=True)
@@ -134,6 +136,7 @@ def reference_monte_carlo(model: nn.Module, x1: torch.Tensor, n_samples: int, se
     return k.mean(0), k.std(0) / n_samples ** 0.5
 
 
+@pytest.mark.slow
 def test_monte_carlo_reinitialises_with_reset_parameters():
     model, ids, _ = example("embedding")
     weights = {k: v.clone() for k, v in model.state_dict().items()}

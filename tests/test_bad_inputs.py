@@ -234,6 +234,7 @@ def cases():
             yield pytest.param(name, model, call, exc, message, None, id=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,make,call,exc,message,entry", list(cases()))
 def test_row(name, make, call, exc, message, entry, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

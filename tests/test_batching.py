@@ -90,6 +90,7 @@ def _worker(args, env=None, **kw):
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, **kw)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_with_only_the_missing_tiles(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from distributed_worker import problem
@@ -128,6 +129,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_assemble_the_full_kernel(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from distributed_worker import problem
@@ -142,6 +144,7 @@ def test_two_processes_assemble_the_full_kernel(tmp_path):
         np.testing.assert_allclose(np.load(tmp_path / f"k-{i}.npy"), expected, rtol=2e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_a_dead_process_makes_the_other_fail_clearly(tmp_path):
     """Process 1 dies after joining. Process 0 fails, bounded in time, with either ntbridge's
     ProcessError (its wait for the peer's tiles times out) or, if JAX's heartbeat check notices
@@ -172,6 +175,7 @@ def test_memory_planner_refuses_a_tile_that_cannot_fit(tmp_path):
     assert time.perf_counter() - start < 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size,device_count", [(3, 1), (5, 2), (4, 4)])
 def test_empirical_and_monte_carlo_batching_invariance(data, batch_size, device_count):
     # float64: different tile shapes change XLA's summation order, so compare at float64 rounding

@@ -31,6 +31,7 @@ MODELS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_blocks_give_the_kernel_in_one_piece(name, monkeypatch):
     """Blocks of 3 examples (the last one padded), x2 given or not, float64: the blocked tile
@@ -54,6 +55,7 @@ def test_blocks_give_the_kernel_in_one_piece(name, monkeypatch):
                     assert (g == g.T).all()
 
 
+@pytest.mark.slow
 def test_requests_are_blocked_on_cpu_and_symmetric():
     """ntbridge.kernel's analytic task is blocked on CPUs; the result with x2 = None is exactly
     symmetric and equals the unblocked kernel_fn."""
@@ -84,6 +86,7 @@ def test_training_dropout_is_not_tiled_with_itself():
                                ntbridge.nngp(model, x, y, batch_size=0))
 
 
+@pytest.mark.slow
 def test_gradients_through_blocks(monkeypatch):
     """Gradients of a blocked kernel (x2 = None: blocks above the diagonal and their transposes)
     equal those of the kernel in one piece."""
@@ -158,6 +161,7 @@ class DenseResidual(nn.Module):
         return self.out(F.relu(h))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make, shape", [(ConvResidual, (2, 6, 6)), (DenseResidual, (5,))])
 def test_own_covariances_computed_once_per_tile(make, shape, monkeypatch):
     """Blocks of 3 examples that take their covariances with themselves from one pass over the
@@ -177,6 +181,7 @@ def test_own_covariances_computed_once_per_tile(make, shape, monkeypatch):
                 np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12 * np.abs(e).max())
 
 
+@pytest.mark.slow
 def test_own_covariances_replace_those_of_every_node_output():
     """A dag hook puts the examples' own covariances in place of those its layers compute, in each
     kernel of a layer with several outputs too (FanOut, parallel): the kernels are unchanged."""
@@ -196,6 +201,7 @@ def test_own_covariances_replace_those_of_every_node_output():
             np.testing.assert_allclose(getattr(hooked, name), getattr(plain, name), rtol=1e-13)
 
 
+@pytest.mark.slow
 def test_blocks_compute_no_covariances_of_their_own():
     """XLA's flop count of a block of s1 x s2 examples is alpha s1 s2 + beta (s1 + s2) + gamma:
     work per pair, per example and per block. Given its examples' own covariances, the block

@@ -71,6 +71,7 @@ def test_every_subcommand_has_help(tmp_path, monkeypatch, capsys):
     assert run_main(tmp_path, "nonsense", monkeypatch=monkeypatch) == 2
 
 
+@pytest.mark.slow
 def test_demo_prints_the_sweep_and_writes_its_plot(tmp_path):
     out = run(tmp_path, "demo", "--widths", "32,128", "--seeds", "2")
     assert out.returncode == 0, out.stderr
@@ -81,6 +82,7 @@ def test_demo_prints_the_sweep_and_writes_its_plot(tmp_path):
     assert (tmp_path / "ntbridge-demo-sweep.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_kernel_analytic_and_empirical(work, monkeypatch):
     import ntbridge
 
@@ -122,6 +124,7 @@ def test_kernel_bad_inputs_exit_2(work, monkeypatch, capsys):
         assert message in capsys.readouterr().err, (model, x)
 
 
+@pytest.mark.slow
 def test_weights_with_a_pickled_object_are_refused(work, monkeypatch):
     marker = work / "unpickled"
 
@@ -144,6 +147,7 @@ def test_weights_with_a_pickled_object_are_refused(work, monkeypatch):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_sweep_table_plot_csv_json(work, monkeypatch, capsys):
     out = run(work, "sweep", "mymodels:factory", "--widths", "16,64", "--x1", "x1.npy",
               "--seeds", "2", "--plot", "s.png", "--csv", "s.csv")

@@ -48,6 +48,7 @@ CONVS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("conv", CONVS, ids=repr)
 def test_conv_forward_matches_torch(conv, dtype):
@@ -87,6 +88,7 @@ def cnn_3d_replicate():
         nn.Conv3d(64, 32, 2, stride=2), nn.Flatten(), nn.Linear(32 * 8, 128)), (2, 3, 3, 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parameterization", ["standard", "ntk"])
 @pytest.mark.parametrize("build", [cnn_2d_flatten, cnn_1d_reflect_groups, cnn_3d_replicate])
 def test_cnn_kernels_match_monte_carlo(build, parameterization):

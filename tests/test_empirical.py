@@ -40,6 +40,7 @@ def assert_by_layer(model, x1, x2, impl, dtype):
     assert rel_error(sum(parts.values()), full_ntk(model, x1, x2)) <= TOL[dtype]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", STRATEGIES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_deep_mlp_matches_torch_func(impl, dtype):
@@ -58,6 +59,7 @@ def test_deep_mlp_matches_torch_func(impl, dtype):
         assert rel_error(diag, torch.diagonal(full, dim1=2, dim2=3)) <= TOL[dtype]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", STRATEGIES)
 def test_many_outputs_on_two_axes(impl):
     """Outputs (N, 3, 12): a Linear on the last axis of (N, 3, 5) inputs, 36 output units."""
@@ -75,6 +77,7 @@ def test_many_outputs_on_two_axes(impl):
     assert rel_error(sym, torch.einsum("nmaobo->nmab", full_ntk(model, x1, x1)) / 12) <= 1e-5
 
 
+@pytest.mark.slow
 def test_cnn_matches_torch_func():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
                           nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
@@ -98,6 +101,7 @@ CONVS = {  # stax.Conv arguments: 1D and 2D, stride, padding (zeros, "same", cir
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CONVS)
 def test_conv_structure_is_the_weight_gradient(name):
     """sum_p outer(rows(g)[p], patches[p]) is the gradient of <g, conv(x)> (float64, exact)."""
@@ -119,6 +123,7 @@ def test_conv_structure_is_the_weight_gradient(name):
             assert jnp.allclose(rules["bias"].rows(g).sum((0, 1)), grads["bias"], rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_cnn_structured_matches_torch_func_by_layer():
     """2D, float64: stride, padding, dilation, groups, circular padding; every layer's share."""
     model = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.ReLU(),
@@ -167,6 +172,7 @@ AFFINE_TAILS = {  # name: (model, input shape, index of the first layer of the a
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", AFFINE_TAILS)
 def test_affine_tail_cotangents(name):
     """The affine last layers' VJP, taken once for all examples, gives every layer's exact share."""
@@ -218,6 +224,7 @@ def test_auto_reports_its_choice_and_caches_it():
     assert ntbridge.empirical_ntk(model, x1 + 1, x2, return_info=True)[1] is info  # cached
 
 
+@pytest.mark.slow
 def test_jax_level_bare_apply_fn():
     """A bare apply_fn and a params pytree: jacobian and ntvp; by_layer groups the top-level keys."""
     params = {"a": jnp.arange(6.0).reshape(2, 3) / 5, "b": jnp.array([0.5, -1.0])}
@@ -279,6 +286,7 @@ def test_bad_input():
         ntbridge.empirical_ntk(model, x.double())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["jacobian", "ntvp", "structured", "auto"])
 def test_grouped_cnn_every_strategy_tiled_over_devices(implementation):
     model = nn.Sequential(nn.Conv1d(4, 8, 3, groups=2, padding=1), nn.ReLU(), nn.Flatten(),

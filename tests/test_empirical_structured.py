@@ -23,6 +23,7 @@ def cnn():
                          nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).double()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trace_axes", [(-1,), ()])
 def test_x2_none_equals_x2_given(trace_axes):
     """x2 = None (one side, factors formed once) equals x2 = a copy of x1 (two sides), layer by
@@ -36,6 +37,7 @@ def test_x2_none_equals_x2_given(trace_axes):
         assert rel_error(one[name], two[name]) <= 1e-12
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("x2_size", [None, 3])
 def test_traced_kernel_is_the_mean_of_the_full_kernels_diagonal(x2_size):
     model, x1 = cnn(), torch.randn(4, 3, 8, 8, dtype=torch.float64)
@@ -54,6 +56,7 @@ def fresh_programs():
     ntbridge.programs.clear()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gram", [True, False])
 @pytest.mark.parametrize("x2_size", [None, 3])
 def test_both_contraction_orders_match_torch_func(monkeypatch, fresh_programs, gram, x2_size):

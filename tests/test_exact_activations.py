@@ -128,6 +128,7 @@ def test_reference_converges():
             assert abs(loose - tight) <= 1e-11 * scale(g, 10.0, 10.0, kinks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-8), (np.float32, 2e-5)])
 @pytest.mark.parametrize("i", range(len(CASES)), ids=IDS)
 def test_kernel_rule_matches_reference(i, dtype, rtol, references):
@@ -158,6 +159,7 @@ def test_declared_pieces_are_the_function_and_its_derivative(i):
         np.testing.assert_allclose(pieces.derivative()(x), slope, rtol=1e-14, atol=1e-14)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_piecewise_rule_and_its_gradients_are_finite_at_degenerate_inputs(dtype):
     """Zero variances, correlations +-1 and 0, a large variance: values and gradients finite."""

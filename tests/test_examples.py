@@ -21,6 +21,7 @@ WRITES = {"width_analysis.py": {"width_analysis.png", "width_analysis.csv"},  # 
 NEEDS_SKLEARN = {"kernel_regression.py", "kernel_distillation.py"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_example_runs(name, tmp_path):
     if name in NEEDS_SKLEARN:

@@ -45,6 +45,7 @@ def forward(t, x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
         return np.asarray(jax.jit(t.apply_fn)({**t.params, **t.state}, to_jax(x)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("name", list(ZOO))
 def test_forward_matches_torch(name, dtype):
@@ -54,6 +55,7 @@ def test_forward_matches_torch(name, dtype):
     assert relative_error(forward(t, x1, dtype), expected) <= FORWARD_RTOL[dtype]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ZOO))
 def test_any_batch_size(name):
     """One export serves other batch sizes: one example, and more than the example had."""
@@ -70,6 +72,7 @@ CASES = [(name, "jacobian") for name in ZOO] + [
     (name, "ntvp") for name in ZOO if name != "transformer"]  # the transformer's ntvp program compiles slowly
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, strategy", CASES)
 def test_empirical_ntk_matches_torch_func(name, strategy):
     model, t, x1, x2 = zoo(name)
@@ -99,6 +102,7 @@ def test_padding_row_has_no_gradient():
     assert np.any(np.asarray(grad["embed.weight"])[1:] != 0)
 
 
+@pytest.mark.slow
 def test_translates_eval_mode_and_restores_the_mode():
     model, _, x1, _ = zoo("transformer")
     model.train()
@@ -231,6 +235,7 @@ class Functional(nn.Module):
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [
     *(functools.partial(Functional, fn) for fn in (_activations, _reductions, _shapes,
                                                     _normalization)), Convolutions],

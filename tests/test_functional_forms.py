@@ -71,6 +71,7 @@ def test_every_converted_activation_has_its_forms():
     assert all(registry.find_converter(cls(**ARGS.get(cls, {}))) for cls in FORMS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls, form", _cases())
 def test_forms_convert_as_the_module(cls, form):
     x1, x2 = torch.randn(5, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)

@@ -150,6 +150,7 @@ models = st.one_of(sequentials(), sequentials(), residuals())
 batching = st.tuples(st.sampled_from([None, 1, 2]), st.sampled_from([-1, 1, 2]))
 
 
+@pytest.mark.slow
 @given(models)
 def test_apply_fn_reproduces_the_model(case):
     graph = ntbridge.convert(case.model)
@@ -185,6 +186,7 @@ def test_analytic_kernel_is_finite_symmetric_psd_and_independent_of_tiling(case,
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12 * b.abs().max().item())
 
 
+@pytest.mark.slow
 @given(models, batching, st.sampled_from(["auto", "jacobian", "ntvp", "structured"]),
        st.booleans())
 def test_empirical_ntk_equals_torch_func_at_any_tiling(case, tiles, implementation, same):

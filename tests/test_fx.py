@@ -55,6 +55,7 @@ class DenseNet(nn.Module):
         return self.out(torch.cat([a, b], dim=1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("make", [ResNet, DenseNet])
 def test_forward_and_empirical_ntk_match_torch(make, dtype):
@@ -74,6 +75,7 @@ def test_resnet_nodes_names_and_dag():
     assert set(g.params) == {k for k, _ in ResNet().named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [lambda: ResNet(width=128, d_out=128),
                                   lambda: DenseNet(w1=64, w2=128, d_out=128)])
 def test_analytic_kernels_match_monte_carlo(make, samples=200):
@@ -141,6 +143,7 @@ def test_scalar_multiplication_scales_kernels_by_its_square():
         torch.testing.assert_close(ntbridge.kernel(model, x, get=get), 2.25 * plain, rtol=1e-12, atol=0)
 
 
+@pytest.mark.slow
 def test_nested_submodules_and_a_sequential_of_blocks():
     class Block(nn.Module):
         def __init__(self):
@@ -281,6 +284,7 @@ def two_linear(forward):
     return M()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("forward", [
     lambda self, x: (lambda h: h + torch.relu(h))(self.fc(x)),   # both branches functions of h
     lambda self, x: (lambda h: h + h)(self.fc(x)),

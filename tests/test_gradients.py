@@ -58,6 +58,7 @@ ARCHITECTURES = {  # name -> (model, one example's shape)
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_analytic_gradcheck(name):
     """The NNGP and the NTK (one call, two outputs), with x2 and with x2 = None."""
@@ -96,6 +97,7 @@ def grads(fn, *tensors):
     return torch.autograd.grad(fn(*tensors), tensors)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bias", [True, False])
 def test_relu_ntk_gradients_match_the_closed_form(bias):
     model, options = one_hidden_layer(bias)
@@ -128,6 +130,7 @@ def test_relu_ntk_gradient_at_x1_equal_x2_is_the_one_sided_limit():
                                rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, dtype", [("mlp-relu", torch.float32), ("mlp-relu", torch.float64),
                                          ("mlp-tanh", torch.float32)])
 def test_gradients_are_finite_on_the_diagonal_and_at_zero_inputs(name, dtype):
@@ -168,6 +171,7 @@ def gradients(k, w, tensors):
     return [torch.zeros_like(t) if g is None else g for g, t in zip(found, tensors)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["jacobian", "ntvp", "structured"])
 def test_empirical_ntk_gradients_match_torch_func(implementation):
     model = conv_model()
@@ -195,6 +199,7 @@ class Cumulative(nn.Module):
         return self.head(torch.tanh(torch.cumsum(self.a(x), dim=1)) * x.sum(1, keepdim=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["jacobian", "structured"])
 def test_gradients_of_a_translated_model_match_torch_func(implementation):
     model = Cumulative().double()
@@ -211,6 +216,7 @@ def test_gradients_of_a_translated_model_match_torch_func(implementation):
         torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_tiles_and_devices_give_the_untiled_gradients():
     """Tiles of 2 over 4 devices (padding, mirrored tiles of x2 = None, devices left idle) vs one
     tile: the same gradients, analytic (w.r.t. x1, x2) and empirical (and the parameters)."""
@@ -234,6 +240,7 @@ def vjp_programs() -> int:
     return sum(key.purpose == "tile vjp" for key in programs._ENTRIES)
 
 
+@pytest.mark.slow
 def test_no_history_and_no_vjp_program_without_gradients():
     model = mlp(nn.ReLU())
     x = torch.randn(6, 3, requires_grad=True)

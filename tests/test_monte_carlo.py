@@ -15,6 +15,7 @@ def model(outputs=8):
     return nn.Sequential(nn.Linear(4, 256), nn.ReLU(), nn.Linear(256, outputs)).double()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("get", ["ntk", "nngp"])
 def test_converges_to_the_analytic_kernel(get):
     x = torch.randn(5, 4, dtype=torch.float64)
@@ -26,6 +27,7 @@ def test_converges_to_the_analytic_kernel(get):
     assert ((est.mean - exact).abs() < 5 * est.standard_error).all()
 
 
+@pytest.mark.slow
 def test_standard_error_shrinks_as_one_over_sqrt_n():
     x = torch.randn(5, 4, dtype=torch.float64)
     small, large = list(ntbridge.monte_carlo(model(), x, n_samples=[100, 400], **HYPER))
@@ -36,6 +38,7 @@ def test_standard_error_shrinks_as_one_over_sqrt_n():
     assert abs(ratio - 0.5) < 0.1
 
 
+@pytest.mark.slow
 def test_tiling_does_not_change_the_estimate():
     x1, x2 = torch.randn(5, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
     small = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2)).double()

@@ -18,6 +18,7 @@ def apply(module, x):
         return torch.from_dlpack(graph.apply_fn(graph.params, to_jax(x)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module,shape", [
     (nn.LayerNorm(16), (5, 16)), (nn.LayerNorm((3, 4, 5), eps=1e-3), (2, 3, 4, 5)),
     (nn.BatchNorm1d(16), (5, 16)), (nn.BatchNorm2d(3), (4, 3, 5, 5)),

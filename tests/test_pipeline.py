@@ -70,6 +70,7 @@ def test_a_prepared_request_runs_other_kernels_without_converting_again(monkeypa
     assert ntk.graph is prepared.graph and ntk.tiling.tiles == 1
 
 
+@pytest.mark.slow
 def test_monte_carlo_converts_the_model_once(monkeypatch):
     calls = []
     convert = translated.convert  # empirical requests convert through the translated route

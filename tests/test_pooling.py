@@ -36,6 +36,7 @@ POOLS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("module", POOLS, ids=repr)
 def test_forward_matches_torch(module, dtype):
@@ -76,6 +77,7 @@ def cnn_1d_3d_pools():
         nn.Linear(64, 128)), (2, 3, 3, 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parameterization", ["standard", "ntk"])
 @pytest.mark.parametrize("build", [cnn_avgpool, cnn_global_pool, cnn_1d_3d_pools])
 def test_pooling_kernels_match_monte_carlo(build, parameterization):
@@ -84,6 +86,7 @@ def test_pooling_kernels_match_monte_carlo(build, parameterization):
 
 # ---------------------------------------------------------------- exact identities
 
+@pytest.mark.slow
 def test_identity_pooling_and_spatial_reshapes_leave_the_kernel_unchanged():
     """AvgPool2d(1) forces the full spatial covariance; Flatten(2) + Unflatten reshape it back."""
     head = [nn.Conv2d(3, 8, 2), nn.ReLU(), nn.Conv2d(8, 8, 2, stride=2)]
@@ -107,6 +110,7 @@ def test_global_pooling_kernel_is_symmetric_and_psd():
 
 # ---------------------------------------------------------------- errors
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pool", [nn.MaxPool2d(2), nn.AdaptiveMaxPool2d(1)], ids=repr)
 def test_max_pooling_has_no_kernel_rule(pool):
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), pool, nn.Flatten(), nn.Linear(8, 1))

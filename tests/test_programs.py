@@ -49,6 +49,7 @@ def _count(tmp_path, cache, name):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_two_calls_compile_at_most_four_programs_and_a_second_process_none(tmp_path):
     """A second process finds the programs by their keys: it neither compiles nor lowers them."""
     cache = tmp_path / "cache"
@@ -60,6 +61,7 @@ def test_two_calls_compile_at_most_four_programs_and_a_second_process_none(tmp_p
     assert torch.equal(a["first"], b["first"]) and torch.equal(a["second"], b["second"])
 
 
+@pytest.mark.slow
 def test_concurrent_processes_share_one_cache_directory(tmp_path):
     """Two processes filling the same empty directory at once: both succeed with equal kernels,
     and a third finds every program there."""
@@ -98,6 +100,7 @@ def _entry_points(model, x):
             ntbridge.monte_carlo(model, x, n_samples=2).mean]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
 def test_float32_then_float64_then_float32(name):
     """Every entry point, every layer family: switching precision (same and fresh model objects)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import termios
 
+import pytest
+
 import torch
 from torch import nn
 
@@ -51,6 +53,7 @@ def _on_a_pty(code: str) -> str:
     return b"".join(chunks).decode()
 
 
+@pytest.mark.slow
 def test_a_terminal_shows_compilation_and_tiles_once_work_takes_a_while():
     quiet, shown = _on_a_pty(ON_A_TERMINAL).split("<quiet above>")
     assert quiet.strip() == ""

@@ -87,6 +87,7 @@ def option_id(options: tuple) -> str:
             f"{str(dtype).removeprefix('torch.')}-out={out}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", OPTIONS, ids=option_id)
 @pytest.mark.parametrize("name", ENTRY_POINTS)
 def test_results_are_writable_and_private(name, options, tmp_path):
@@ -101,6 +102,7 @@ def test_results_are_writable_and_private(name, options, tmp_path):
     check_writable_and_private(lambda: ENTRY_POINTS[name](model, x1, x2, **kwargs))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given_x2, dtype", [(False, torch.float32), (True, torch.float64)])
 def test_width_sweep_results_are_writable_and_private(given_x2, dtype):
     x1, x2 = X1[:4].to(dtype), X2[:3].to(dtype) if given_x2 else None

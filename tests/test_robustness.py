@@ -34,6 +34,7 @@ def assert_sane(k: torch.Tensor, symmetric: bool = True):
         assert eig[0] >= -1e-5 * eig[-1].abs()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_identical_and_nearly_identical_inputs(dtype):
     model = relu_mlp()
@@ -48,6 +49,7 @@ def test_identical_and_nearly_identical_inputs(dtype):
         torch.testing.assert_close(fn(model, x, x.clone()), k, rtol=1e-5, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [True, False])
 def test_zero_inputs(dtype, bias):
@@ -74,6 +76,7 @@ def test_input_scales_are_degree_two_homogeneous(dtype, scale):
         torch.testing.assert_close(scaled / scale ** 2, base, rtol=tol, atol=tol * base.abs().max().item())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("network,dtype", [("mlp", torch.float64), ("cnn", torch.float32)])
 def test_deep_mlp_and_deep_cnn(network, dtype):
     """Depth 50 MLP and depth 20 CNN (small widths; compiling them dominates the time, so one
@@ -117,6 +120,7 @@ def test_relu_family_kernels_are_continuous_as_x2_tends_to_x1(act):
     assert gaps[-1] <= 1e-6 * k.ntk.diagonal().min().item(), gaps
 
 
+@pytest.mark.slow
 def test_kernel_calls_from_four_threads_match_serial_calls():
     """Analytic and empirical kernels, float32 and float64, from 4 threads at once (fresh models,
     so the threads build the shared compile caches together) equal the serial results."""
