@@ -1,7 +1,8 @@
 """Models that are not ``nn.Sequential``: torch.fx traces ``forward`` into a DAG of nodes.
 
 Leaf modules (registered types, torch's own) stay ``call_module`` nodes, converted by the registry.
-Functional calls become the equivalent module instance (``F.gelu(x, approximate=a)`` ->
+Chains of elementwise functions without a module (``torch.exp(-h ** 2)``) become one
+:class:`~.elementwise.Elementwise` module. Other functional calls become the equivalent module instance (``F.gelu(x, approximate=a)`` ->
 ``nn.GELU(a)`` as every activation's functional and method forms, :mod:`.functional`;
 ``x.view(x.size(0), -1)`` -> ``nn.Flatten()``...), so that each module type has one converter;
 ``+``/``torch.add`` become :class:`~.combinators.Add`, ``torch.cat``
@@ -25,6 +26,7 @@ from torch import fx, nn
 from ..errors import ConversionError, UnsupportedLayerError
 from ..stax import INPUT
 from .combinators import Add, Concat, Scale
+from .elementwise import Elementwise, step_of
 from .functional import FUNCTIONS, METHOD_FORMS, module_of
 from .families import AVG_POOLS, CONVS, DROPOUTS
 from .graph import Node, make_node
@@ -181,7 +183,19 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     """
     nodes: list[Node] = []
     index: dict[fx.Node, int] = {}
+    chains: dict[fx.Node, tuple[fx.Node, tuple]] = {}  # node -> (tensor the chain starts from, steps)
     for node in trace(model).nodes:
+        if (found := step_of(node, chains)) is not None:
+            source, steps = chains.get(found[0], (found[0], ()))
+            chains[node] = (source, (*steps, found[1]))
+            continue
+        for a in node.all_input_nodes:  # a chain this node takes: now one module
+            if a in chains and a not in index:
+                source, steps = chains[a]
+                index[a] = len(nodes)
+                nodes.append(make_node(len(nodes), a.name, Elementwise(steps),
+                                       (_source(source, index, describe(a)),), options,
+                                       describe(a)))
         if node.op == "placeholder":
             if index:
                 raise ConversionError(f"{type(model).__name__}.forward takes several inputs; "

@@ -4,7 +4,7 @@ Layers use torch's layout (channels first) and torch's semantics; ``kernel_fn`` 
 :class:`Kernel` of a layer's inputs to that of its outputs (Neural Tangents' mathematics).
 """
 
-from .activations import (ABRelu, Abs, Cos, Erf, Gelu, LeakyRelu, Numerical, RectifiedMonomial,
+from .activations import (ABRelu, Abs, Cos, Erf, Exp, Gelu, LeakyRelu, Numerical, RectifiedMonomial,
                           Relu, Sign, Sin, ab_relu_rule, elementwise)
 from .combinators import INPUT, FanInConcat, FanInSum, FanOut, Scale, dag, parallel, serial
 from .conv import Conv
@@ -17,7 +17,7 @@ from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, MaxPool
 from .reshape import Flatten, Unflatten
 
 __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "BatchNorm", "Conv",
-           "Cos", "Dense", "Dropout", "Erf", "FanInConcat", "FanInSum", "FanOut", "Flatten", "Gelu",
+           "Cos", "Dense", "Dropout", "Erf", "Exp", "FanInConcat", "FanInSum", "FanOut", "Flatten", "Gelu",
            "INPUT", "Identity", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "MaxPool", "Numerical",
            "Outer", "Piece", "Pieces", "PARAMETERIZATIONS", "RectifiedMonomial", "Relu", "Scale",
            "Sign", "Sin", "Unflatten",

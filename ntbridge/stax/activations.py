@@ -191,6 +191,23 @@ def Erf(a: float = 1.0, b: float = 1.0, c: float = 0.0) -> Layer:
                        erf_self_rule(a, b, c))
 
 
+def exp_rule(a: float, b: float) -> Rule:
+    """Rule of ``a exp(b x)``, from the moment generating function of ``b (u + v)``:
+    ``E[f f] = a^2 exp(b^2 (q1 + q2 + 2 cov) / 2)`` and ``E[f' f'] = b^2 E[f f]``."""
+
+    def rule(cov, q1, q2):
+        nngp = a * a * jnp.exp(0.5 * b * b * (q1 + q2 + 2 * cov))
+        return nngp, b * b * nngp
+
+    return rule
+
+
+def Exp(a: float = 1.0, b: float = 1.0) -> Layer:
+    """``a * exp(b * x)`` (``torch.exp`` with a = b = 1)."""
+    return elementwise(lambda x: a * jnp.exp(b * x), exp_rule(a, b), "Exp",
+                       lambda q: a * a * jnp.exp(2 * b * b * q))
+
+
 def Sign() -> Layer:
     """``torch.sign`` (no nn module): -1, 0 or 1."""
     return elementwise(jnp.sign, sign_rule, "Sign", sign_self_rule)
