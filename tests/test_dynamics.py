@@ -8,7 +8,7 @@ from torch import nn
 from torch.func import functional_call, jacrev, jvp
 
 import ntbridge
-from ntbridge import errors
+from ntbridge import errors, predict
 
 
 def mlp(seed=0):
@@ -95,6 +95,31 @@ def test_expansions_of_a_polynomial_model_are_exact_from_its_degree_on():
     torch.testing.assert_close(quad(x), moved(x), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(cubic(x), moved(x), rtol=1e-12, atol=1e-12)
     assert (lin(x) - moved(x)).abs().max() > 1e-3
+
+
+def test_sgd_on_the_linearized_model_follows_the_closed_form_on_its_empirical_ntk():
+    """Full-batch SGD on 1/2 sum |f - y|^2 moves a linear model's outputs by -lr K (f - y)
+    exactly, with K its empirical NTK over output units (trace_axes=())."""
+    model = mlp()
+    x, x_test = torch.randn(10, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    y = torch.randn(10, 2, dtype=torch.float64)
+    k = ntbridge.empirical_ntk(model, x, trace_axes=())
+    k_test = ntbridge.empirical_ntk(model, x_test, x, trace_axes=())
+    lr, steps = 0.5 * predict.max_learning_rate(k), 25
+    with torch.no_grad():
+        f0, f0_test = model(x), model(x_test)
+    lin = ntbridge.linearize(model)
+    opt = torch.optim.SGD(lin.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        (0.5 * ((lin(x) - y) ** 2).sum()).backward()
+        opt.step()
+    out = predict.gradient_descent_mse(k, y, lr, steps=steps, k_test_train=k_test, f_train_0=f0,
+                                       f_test_0=f0_test)
+    with torch.no_grad():
+        torch.testing.assert_close(lin(x), out.train, rtol=0, atol=1e-8)
+        torch.testing.assert_close(lin(x_test), out.test, rtol=0, atol=1e-8)
+        assert (lin(x) - f0).abs().max() > 0.1  # it did move
 
 
 def test_expansions_follow_the_module_api():
