@@ -107,11 +107,12 @@ def test_momentum_flow_is_the_limit_of_the_heavy_ball_recursion():
     method for f'' + (1 - b) f' = -lr K grad L: halving h halves its distance to the ODE."""
     k, ks = kernel(5, 2, 10)
     y, lr, b, t = targets(5, 2, 11), 0.3, 0.8, 4.0
+    f0, fs0 = targets(5, 2, 12), targets(2, 2, 13)
     ode = predict.gradient_descent(predict.mse, k, y, lr, t, momentum=b, k_test_train=ks,
-                                   rtol=1e-10, atol=1e-12)
+                                   f_train_0=f0, f_test_0=fs0, rtol=1e-10, atol=1e-12)
 
     def heavy_ball(h):
-        f, fs = torch.zeros(5, 2, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.float64)
+        f, fs = f0, fs0
         v, vs = torch.zeros_like(f), torch.zeros_like(fs)
         for _ in range(round(t / h)):
             g = f - y

@@ -107,7 +107,7 @@ def gradient_descent(loss: Loss, k_train_train: torch.Tensor, y_train: torch.Ten
     shaped = lambda columns: layout.values(columns).reshape(y_train.shape)
     gradient = torch.func.grad(lambda columns: loss(shaped(columns), y_train))
     finite_times, order = torch.sort(when[~infinite])
-    start = torch.stack((f0, torch.zeros_like(f0)) * (1 if momentum is None else 2))
+    start = torch.stack([f0, *[torch.zeros_like(f0)] * (1 if momentum is None else 3)])
     states = solve(_flow(k, gradient, learning_rate, momentum), start, finite_times.tolist(),
                    rtol=rtol, atol=atol, max_steps=max_steps)[torch.argsort(order)]
     g_index = len(start) // 2  # where G is in the state
