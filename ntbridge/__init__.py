@@ -29,15 +29,17 @@ _EXPORTS = {  # public name -> (module, attribute)
     "monte_carlo": ("api", "monte_carlo"), "nngp": ("api", "nngp"), "ntk": ("api", "ntk"),
     "Graph": ("converters", "Graph"), "Kernels": ("results", "Kernels"),
     "convert": ("converters", "convert"), "register_converter": ("converters", "register"),
+    "linearize": ("dynamics", "linearize"), "taylor_expand": ("dynamics", "taylor_expand"),
 }
-_MODULES = ("analysis", "errors", "predict", "programs", "stax", "testing", "tiling")
+_MODULES = ("analysis", "dynamics", "errors", "predict", "programs", "stax", "testing", "tiling")
 __all__ = sorted([*_EXPORTS, *_MODULES])
 
 if TYPE_CHECKING:  # what the lazy imports bind, for type checkers and editors
-    from . import analysis, errors, predict, programs, stax, testing, tiling  # noqa: F401
+    from . import analysis, dynamics, errors, predict, programs, stax, testing, tiling  # noqa: F401
     from .api import empirical_nngp, empirical_ntk, kernel, monte_carlo, nngp, ntk  # noqa: F401
     from .converters import Graph, convert  # noqa: F401
     from .converters import register as register_converter  # noqa: F401
+    from .dynamics import linearize, taylor_expand  # noqa: F401
     from .results import Estimate, Kernels  # noqa: F401
 
 

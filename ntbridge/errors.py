@@ -86,3 +86,8 @@ class ProcessError(NtbridgeError, RuntimeError):
 
 class CacheWarning(UserWarning):
     """ntbridge's compilation cache directory cannot be written; programs are compiled without it."""
+
+
+class LearningRateWarning(UserWarning):
+    """A learning rate beyond the stability limit of discrete gradient descent
+    (``ntbridge.predict.max_learning_rate``): the steps diverge."""

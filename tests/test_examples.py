@@ -15,10 +15,11 @@ EXPECTED = {
     "cnn_kernels.py": "head: global average pooling",
     "kernel_regression.py": "finite MLP",
     "kernel_distillation.py": "on 10 learned images",
+    "training_dynamics.py": "infinite width: test accuracy",
 }
 WRITES = {"width_analysis.py": {"width_analysis.png", "width_analysis.csv"},  # into --out
           "kernel_distillation.py": {"kernel_distillation.png"}}
-NEEDS_SKLEARN = {"kernel_regression.py", "kernel_distillation.py"}
+NEEDS_SKLEARN = {"kernel_regression.py", "kernel_distillation.py", "training_dynamics.py"}
 
 
 @pytest.mark.slow

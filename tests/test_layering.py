@@ -19,7 +19,8 @@ LAYERS = [
     ("analytic", "empirical", "gradients"),
     ("pipeline",),
     ("api",),
-    ("analysis", "files", "predict", "testing"),
+    ("dynamics", "predict"),
+    ("analysis", "files", "testing"),
     ("cli",),
     ("__init__",),
 ]

@@ -30,9 +30,16 @@ Example:
 
 The sweep (the computation) is :mod:`.sweep`; its result and report (table, markdown, CSV, plot)
 :mod:`.report`.
+
+:func:`training_sweep` (:mod:`.training`, report :mod:`.training_report`) trains models of
+growing width by full-batch gradient descent beside their linearizations and the infinite-width
+dynamics, and reports the function-space distances over training steps and widths.
 """
 
 from .report import SEED_SPREAD, Fit, WidthSweep
 from .sweep import analytic_ntk_by_layer, width_sweep
+from .training import training_sweep
+from .training_report import TrainingSweep
 
-__all__ = ["SEED_SPREAD", "Fit", "WidthSweep", "analytic_ntk_by_layer", "width_sweep"]
+__all__ = ["SEED_SPREAD", "Fit", "TrainingSweep", "WidthSweep", "analytic_ntk_by_layer",
+           "training_sweep", "width_sweep"]

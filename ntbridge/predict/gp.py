@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 import torch
 
-from .errors import InputError
+from ..errors import InputError
+from .checks import check_blocks, regularized
 
 
 class Prediction(NamedTuple):
@@ -29,25 +30,6 @@ class Prediction(NamedTuple):
     covariance: torch.Tensor | None
 
 
-def _regularized(k: torch.Tensor, diag_reg: float) -> torch.Tensor:
-    """``k + diag_reg * mean(diag(k)) * I`` (the regularizer is relative to the kernel's scale)."""
-    if diag_reg < 0:
-        raise InputError(f"diag_reg must be >= 0, got {diag_reg}.")
-    scale = torch.diagonal(k).mean()
-    return k + diag_reg * scale * torch.eye(k.shape[0], dtype=k.dtype, device=k.device)
-
-
-def _check(k_train_train, y_train, k_test_train) -> torch.Tensor:
-    n = k_train_train.shape[0]
-    if k_train_train.shape != (n, n):
-        raise InputError(f"k_train_train must be square, got {tuple(k_train_train.shape)}.")
-    if y_train.shape[0] != n:
-        raise InputError(f"y_train has {y_train.shape[0]} rows but k_train_train is {n} x {n}.")
-    if k_test_train.shape[1] != n:
-        raise InputError(f"k_test_train must be (m, {n}), got {tuple(k_test_train.shape)}.")
-    return y_train.reshape(n, -1).to(k_train_train.dtype)
-
-
 def gp_inference(k_train_train: torch.Tensor, y_train: torch.Tensor, k_test_train: torch.Tensor,
                  k_test_test: torch.Tensor | None = None, *, diag_reg: float = 0.0) -> Prediction:
     """Exact Bayesian posterior of a GP with kernel ``k`` (e.g. the NNGP), noise ``diag_reg``.
@@ -56,8 +38,8 @@ def gp_inference(k_train_train: torch.Tensor, y_train: torch.Tensor, k_test_trai
         >>> k = ntbridge.kernel(model, torch.cat([x_test, x_train]), x_train, get="nngp")
         >>> pred = ntbridge.predict.gp_inference(k_train_train, y_train, k_test_train, diag_reg=1e-4)
     """
-    y = _check(k_train_train, y_train, k_test_train)
-    chol = torch.linalg.cholesky(_regularized(k_train_train, diag_reg))
+    y = check_blocks(k_train_train, y_train, k_test_train)
+    chol = torch.linalg.cholesky(regularized(k_train_train, diag_reg))
     mean = k_test_train @ torch.cholesky_solve(y, chol)
     cov = None
     if k_test_test is not None:
@@ -81,10 +63,10 @@ def gradient_descent_mse_ensemble(ntk_train_train: torch.Tensor, y_train: torch.
     Example:
         >>> pred = gradient_descent_mse_ensemble(ntk_tt, y, ntk_st, t=math.inf, diag_reg=1e-6)
     """
-    y = _check(ntk_train_train, y_train, ntk_test_train)
+    y = check_blocks(ntk_train_train, y_train, ntk_test_train)
     if t < 0:
         raise InputError(f"t must be >= 0 (or math.inf), got {t}.")
-    eigvals, vecs = torch.linalg.eigh(_regularized(ntk_train_train, diag_reg))
+    eigvals, vecs = torch.linalg.eigh(regularized(ntk_train_train, diag_reg))
     if t == math.inf:
         if eigvals.min() <= 0:
             raise InputError("the train NTK is singular, so the t=inf ensemble is undefined; pass "
