@@ -66,7 +66,9 @@ def ode_rows(n: int, t: float) -> None:
     for name, loss, curvature, y in (
             ("cross-entropy", lambda f, y: F.cross_entropy(f, y, reduction="sum"), 0.5,
              F.one_hot(labels, 10).double()),
-            ("MSE", mse, 1.0, F.one_hot(labels, 10).double() - 0.1)):
+            ("MSE (predict.mse: the closed form)", mse, 1.0, F.one_hot(labels, 10).double() - 0.1),
+            ("MSE of one's own (the solver)", lambda f, y: mse(f, y), 1.0,
+             F.one_hot(labels, 10).double() - 0.1)):
         lr = 0.5 * max_learning_rate(k, loss_curvature=curvature)
         start = time.perf_counter()
         gradient_descent(loss, k, y, lr, t)

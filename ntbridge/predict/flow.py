@@ -69,7 +69,8 @@ def gradient_descent(loss: Loss, k_train_train: torch.Tensor, y_train: torch.Ten
     Args:
       loss: ``loss(f, y_train) -> scalar`` in torch, ``f`` shaped as ``y_train``; e.g. :func:`mse`,
         or ``lambda f, y: F.cross_entropy(f, y, reduction="sum")`` with one-hot (or probability)
-        targets. Its gradient is taken by ``torch.func.grad``.
+        targets. Its gradient is taken by ``torch.func.grad``. :func:`mse` without momentum is
+        solved in closed form (:func:`.closed_form.gradient_descent_mse`), not by the solver.
       k_train_train: ``(n, n)`` per output unit or ``(n, n, O, O)``, symmetric.
       y_train: ``(n, O)`` or ``(n,)`` targets; the outputs have their shape (``O = 1`` for ``(n,)``).
       learning_rate: ``lr``, scaling the kernel.
@@ -88,6 +89,10 @@ def gradient_descent(loss: Loss, k_train_train: torch.Tensor, y_train: torch.Ten
         >>> out = gradient_descent(mse, k, y, 0.1, t=[1.0, 10.0], momentum=0.9)
         >>> out.train.shape                                      # (2, n, O)
     """
+    if loss is mse and momentum is None:  # a linear flow: its closed form, exact at any time
+        return gradient_descent_mse(k_train_train, y_train, learning_rate, t,
+                                    k_test_train=k_test_train, f_train_0=f_train_0,
+                                    f_test_0=f_test_0)
     layout = Layout.of(k_train_train, y_train)
     when, shape = times("t", t)
     if not 0 < learning_rate < math.inf:
