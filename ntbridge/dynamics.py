@@ -25,8 +25,9 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.func import functional_call, jvp
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .errors import InputError, InputTypeError
+from .errors import InputError, InputTypeError, UnsupportedLayerError
 
 __all__ = ["TaylorExpansion", "linearize", "taylor_expand"]
 
@@ -109,7 +110,18 @@ class TaylorExpansion(nn.Module):
                                      f"{type(out).__name__}.")
             return out
 
-        terms = _directional_derivatives(fn, step, self.degree)(point)
+        try:  # torch's math attention has forward-mode derivatives, its fused kernels do not
+            with sdpa_kernel(SDPBackend.MATH):
+                terms = _directional_derivatives(fn, step, self.degree)(point)
+        except NotImplementedError as e:
+            if "forward AD" not in str(e):
+                raise
+            raise UnsupportedLayerError(
+                f"the expansion needs forward-mode derivatives, and torch has none for an "
+                f"operation of {type(self._function).__name__} ({e}). A module's fused inference "
+                f"path may be the cause (nn.MultiheadAttention and nn.TransformerEncoderLayer in "
+                f"eval mode): expand the model in train mode with dropout 0 "
+                f"(expansion.train()).") from None
         return sum(term / math.factorial(j) for j, term in enumerate(terms))
 
     def extra_repr(self) -> str:

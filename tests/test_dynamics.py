@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 from torch.func import functional_call, jacrev, jvp
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ntbridge
 from ntbridge import errors, predict
@@ -39,7 +40,28 @@ def model_fn(model, x):
     return lambda p: functional_call(model, {**p, **buffers}, (x,))
 
 
-@pytest.mark.parametrize("build, shape", [(mlp, (5, 3)), (cnn, (5, 1, 6, 6))])
+class Attention(nn.Module):
+    """A model only torch.export translates (attention, a learned query): beyond the converters."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, 8), nn.Linear(8, 2)
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):  # x (N, T, 3)
+        h = self.embed(x)
+        return self.head(self.attention(h, h, h, need_weights=False)[0].mean(1))
+
+
+def attention(seed=0):
+    """In training mode (no dropout here): eval mode takes torch's fused attention, which has no
+    forward-mode derivative (see test_an_operation_without_forward_mode_is_named)."""
+    torch.manual_seed(seed)
+    return Attention().double().train()
+
+
+@pytest.mark.parametrize("build, shape", [(mlp, (5, 3)), (cnn, (5, 1, 6, 6)),
+                                          (attention, (5, 4, 3))])
 def test_linearize_is_the_jvp_expansion(build, shape):
     model = build()
     x = torch.randn(shape, dtype=torch.float64)
@@ -48,11 +70,18 @@ def test_linearize_is_the_jvp_expansion(build, shape):
     torch.testing.assert_close(lin(x), model(x), rtol=0, atol=1e-12)
     step = perturb(lin, 0.1)
     p0 = {n: p.detach() for n, p in model.named_parameters()}
-    f0, df = jvp(model_fn(model, x), (p0,), (step,))
+    with sdpa_kernel(SDPBackend.MATH):  # torch's attention with forward-mode derivatives
+        f0, df = jvp(model_fn(model, x), (p0,), (step,))
     torch.testing.assert_close(lin(x), f0 + df, rtol=1e-10, atol=1e-10)
     for name, value in model.state_dict().items():  # the model is untouched
         assert torch.equal(value, before[name])
     assert {n for n, _ in lin.named_parameters()} == {f"params.{n}" for n in p0}
+
+
+def test_an_operation_without_forward_mode_is_named():
+    lin = ntbridge.linearize(attention().eval())
+    with pytest.raises(errors.UnsupportedLayerError, match="_native_multi_head_attention.*train"):
+        lin(torch.randn(2, 4, 3, dtype=torch.float64))
 
 
 def test_linearized_gradients_are_the_models_jacobian():
