@@ -88,7 +88,10 @@ def make_node(index: int, name: str, module: nn.Module, inputs: tuple[int, ...],
                              f"{key} (shape {tuple(t.shape)}): a layer without units or inputs "
                              f"has no kernel; give it at least one, or remove it.")
     ctx = Context(name, index, options)
-    layer = converter(module, ctx)
+    try:
+        layer = converter(module, ctx)
+    except NtbridgeError as e:  # a module's option without a rule: name the module
+        raise type(e)(f"{origin or where}: {e}") from None
     return Node(index, name, module, layer, tuple(_tensors(module)), ctx.hyper, inputs,
                 ctx.init_checks, origin)
 

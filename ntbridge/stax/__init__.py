@@ -15,10 +15,11 @@ from .normalization import BatchNorm, LayerNorm
 from .piecewise import Piece, Pieces
 from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, MaxPool
 from .reshape import Flatten, Unflatten
+from .transpose import ConvTranspose
 
 __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "BatchNorm", "Conv",
-           "Cos", "Dense", "Dropout", "Erf", "FanInConcat", "FanInSum", "FanOut", "Flatten", "Gelu",
-           "INPUT", "Identity", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "MaxPool", "Numerical",
-           "Outer", "Piece", "Pieces", "PARAMETERIZATIONS", "RectifiedMonomial", "Relu", "Scale",
-           "Sign", "Sin", "Unflatten",
+           "ConvTranspose", "Cos", "Dense", "Dropout", "Erf", "FanInConcat", "FanInSum", "FanOut",
+           "Flatten", "Gelu", "INPUT", "Identity", "Kernel", "Layer", "LayerNorm", "LeakyRelu",
+           "MaxPool", "Numerical", "Outer", "Piece", "Pieces", "PARAMETERIZATIONS",
+           "RectifiedMonomial", "Relu", "Scale", "Sign", "Sin", "Unflatten",
            "ab_relu_rule", "dag", "elementwise", "input_kernel", "parallel", "serial"]
