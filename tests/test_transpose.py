@@ -17,7 +17,7 @@ from ntbridge.dlpack import precision, to_jax
 from ntbridge.stax import input_kernel
 
 from montecarlo import check_architecture
-from reference import empirical_ntk, full_ntk
+from reference import channel_averaged_ntk, empirical_ntk
 from test_conv import NTK_RTOL, assert_forward_matches
 
 TRANSPOSES = [
@@ -28,8 +28,8 @@ TRANSPOSES = [
     nn.ConvTranspose2d(2, 3, (2, 3), stride=(1, 2), padding=(0, 1), dilation=(2, 1)),
     nn.ConvTranspose2d(4, 6, 2, stride=2, groups=2, bias=False),
     nn.ConvTranspose3d(2, 2, 2, stride=2),
-    nn.ConvTranspose3d(2, 4, (2, 3, 1), stride=(1, 2, 3), padding=(1, 0, 0), output_padding=(0, 1, 2),
-                       groups=2),
+    nn.ConvTranspose3d(2, 4, (2, 3, 1), stride=(1, 2, 3), padding=(1, 0, 0),
+                       output_padding=(0, 1, 2), groups=2),
 ]
 SPATIAL = {1: (5,), 2: (4, 5), 3: (3, 4, 3)}
 
@@ -76,14 +76,6 @@ def reference_covariance(conv, x1, x2) -> np.ndarray:
         # (N, *S) x (M, *S) -> (N, M, S1, S1', ...)
         total = total + np.tensordot(y1, y2, (1, 1)).transpose(0, ndim + 1, *interleave)
     return total / x1.shape[1]
-
-
-def channel_averaged_ntk(conv, x1, x2) -> np.ndarray:
-    """The one-layer NTK by torch.func, averaged over output channels, in the kernel's layout."""
-    full = full_ntk(conv, x1, x2)  # (N1, N2, C, *S, C, *S)
-    ndim = x1.ndim - 2
-    diag = torch.diagonal(full, dim1=2, dim2=3 + ndim).mean(-1)  # (N1, N2, *S, *S)
-    return diag.permute(0, 1, *[i for d in range(ndim) for i in (2 + d, 2 + ndim + d)]).numpy()
 
 
 def same_positions(a: np.ndarray) -> np.ndarray:
@@ -178,7 +170,8 @@ def test_torch_init_is_read_with_torchs_fan_in():
         warnings.simplefilter("error")
         ntbridge.ntk(conv, x)
     nn.init.kaiming_normal_(conv.weight)
-    with pytest.warns(errors.InitMismatchWarning, match=r"the model \(ConvTranspose2d\): weight has"):
+    with pytest.warns(errors.InitMismatchWarning,
+                      match=r"the model \(ConvTranspose2d\): weight has"):
         ntbridge.ntk(conv, x)
 
 

@@ -29,4 +29,5 @@ def _conv_transpose(module: nn.ConvTranspose1d | nn.ConvTranspose2d | nn.ConvTra
     return stax.ConvTranspose(module.in_channels, module.out_channels, module.kernel_size,
                               stride=module.stride, padding=module.padding,
                               output_padding=module.output_padding, dilation=module.dilation,
-                              groups=module.groups, **ctx.affine(fan_in, module.weight, module.bias))
+                              groups=module.groups,
+                              **ctx.affine(fan_in, module.weight, module.bias))

@@ -40,7 +40,8 @@ class Node:
     def __repr__(self) -> str:
         """``(name): Module(...)`` and its hyper-parameters, e.g.
         ``(0): Linear(in_features=3, out_features=8, bias=True) W_std=0.577 b_std=0.333``."""
-        hyper = "".join(f" {k}={v:.3g}" for k, v in self.hyper.items() if v is not None)
+        hyper = "".join(f" {k}={v:.3g}" if isinstance(v, float) else f" {k}={v!r}"
+                        for k, v in self.hyper.items() if v is not None)
         return f"({self.name}): {self.module!r}{hyper}"
 
     @property

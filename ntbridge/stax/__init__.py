@@ -15,11 +15,13 @@ from .normalization import BatchNorm, LayerNorm
 from .piecewise import Piece, Pieces
 from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, MaxPool
 from .reshape import Flatten, Unflatten
+from .resize import PixelShuffle, PixelUnshuffle, Upsample
 from .transpose import ConvTranspose
 
 __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "BatchNorm", "Conv",
            "ConvTranspose", "Cos", "Dense", "Dropout", "Erf", "FanInConcat", "FanInSum", "FanOut",
            "Flatten", "Gelu", "INPUT", "Identity", "Kernel", "Layer", "LayerNorm", "LeakyRelu",
            "MaxPool", "Numerical", "Outer", "Piece", "Pieces", "PARAMETERIZATIONS",
-           "RectifiedMonomial", "Relu", "Scale", "Sign", "Sin", "Unflatten",
+           "PixelShuffle", "PixelUnshuffle", "RectifiedMonomial", "Relu", "Scale", "Sign", "Sin",
+           "Unflatten", "Upsample",
            "ab_relu_rule", "dag", "elementwise", "input_kernel", "parallel", "serial"]
