@@ -377,6 +377,8 @@ def analytic_rows(n: int, quick: bool) -> None:
     gradient_rows(quick)
     from activations import cost_rows
     cost_rows(256, 3 if quick else 7, ("float32",))
+    from decoder import decoder_rows
+    decoder_rows(128, 3 if quick else 7)
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 
 Independent of ntbridge: plain torch and torch.func. Affine modules (Linear, ConvNd) are redrawn
 Gaussian with torch's default init variances (``Var(W) = W_STD**2 / fan_in``, ``Var(b) =
-B_STD(fan_in)**2``); other parameters (e.g. LayerNorm's) keep their current values. Gaussian
+B_STD(fan_in)**2``); other parameters (e.g. LayerNorm's or BatchNorm's affine ones) keep their
+current values and count in the NTK unscaled, in both parameterizations. Gaussian
 rather than torch's uniform: the analytic kernel assumes Gaussian pre-activations, which the first
 layer has exactly only for Gaussian weights.
 
@@ -57,8 +58,8 @@ def sample_kernels(model: nn.Module, x: torch.Tensor, samples: int, parameteriza
         def one(p):
             f = forward(p, x)
             single = lambda pp, xi: forward(pp, xi[None])[0, :ntk_outputs]
-            jac = vmap(jacrev(single), in_dims=(None, 0))(p, x)
-            ntk = sum(scale[k] * torch.einsum("nop,mop->nm", j.flatten(2), j.flatten(2))
+            jac = vmap(jacrev(single), in_dims=(None, 0))({**fixed, **p}, x)
+            ntk = sum(scale.get(k, 1.0) * torch.einsum("nop,mop->nm", j.flatten(2), j.flatten(2))
                       for k, j in jac.items())
             return f @ f.T / f.shape[1], ntk / min(ntk_outputs, f.shape[1])
 

@@ -41,3 +41,12 @@ def empirical_ntk(model, x1, x2, trace=True):
     if trace:
         return torch.diagonal(out, dim1=2, dim2=3).mean(-1)
     return out
+
+
+def channel_averaged_ntk(model, x1, x2):
+    """The NTK of a model whose outputs are ``(N, C, *S)``, averaged over output channels, in the
+    analytic kernel's layout ``(N1, N2, S1, S1', S2, S2', ...)`` (a numpy array)."""
+    full = full_ntk(model, x1, x2)  # (N1, N2, C, *S, C, *S)
+    ndim = (full.ndim - 4) // 2
+    diag = torch.diagonal(full, dim1=2, dim2=3 + ndim).mean(-1)  # (N1, N2, *S, *S)
+    return diag.permute(0, 1, *[i for d in range(ndim) for i in (2 + d, 2 + ndim + d)]).numpy()

@@ -4,9 +4,9 @@ Leaf modules (registered types, torch's own) stay ``call_module`` nodes, convert
 Chains of elementwise functions without a module (``torch.exp(-h ** 2)``) become one
 :class:`~.elementwise.Elementwise` module. Other functional calls become the equivalent module instance (``F.gelu(x, approximate=a)`` ->
 ``nn.GELU(a)`` as every activation's functional and method forms, :mod:`.functional`;
-``x.view(x.size(0), -1)`` -> ``nn.Flatten()``...), so that each module type has one converter;
-``+``/``torch.add`` become :class:`~.combinators.Add`, ``torch.cat``
-:class:`~.combinators.Concat`, and multiplication or division by a constant
+``x.view(x.size(0), -1)`` -> ``nn.Flatten()``, ``F.interpolate`` -> ``nn.Upsample``...), so that
+each module type has one converter; ``+``/``torch.add`` become :class:`~.combinators.Add`,
+``torch.cat`` :class:`~.combinators.Concat`, and multiplication or division by a constant
 :class:`~.combinators.Scale`.
 
 The kernel of a sum is the sum of the branches' kernels only when the branches are uncorrelated;
@@ -28,7 +28,7 @@ from ..stax import INPUT
 from .combinators import Add, Concat, Scale
 from .elementwise import Elementwise, step_of
 from .functional import FUNCTIONS, METHOD_FORMS, module_of
-from .families import AVG_POOLS, CONVS, DROPOUTS
+from .families import AVG_POOLS, CONVS, DROPOUTS, RESIZES
 from .graph import Node, make_node
 from .registry import Options
 from .tracing import describe, trace
@@ -76,6 +76,17 @@ def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_i
                         divisor_override)
 
 
+def _interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                 recompute_scale_factor=None, antialias=False) -> nn.Module:
+    """``F.interpolate`` as the ``nn.Upsample`` it equals (the deprecated ``F.upsample``,
+    ``F.upsample_nearest`` and ``F.upsample_bilinear`` call it: fx records it)."""
+    if antialias:
+        raise UnsupportedLayerError(
+            f"antialias=True (mode={mode!r}) has no kernel rule in ntbridge, nor a translation "
+            f"for its empirical kernels; with antialias=False every mode's kernel is exact.")
+    return nn.Upsample(size, scale_factor, mode, align_corners, recompute_scale_factor)
+
+
 def _scale(x, c, divide: bool = False) -> nn.Module:
     if isinstance(x, fx.Node) and isinstance(c, fx.Node):
         raise UnsupportedLayerError("the product of two tensors has no kernel rule here; only "
@@ -97,6 +108,9 @@ UNARY: dict = {
     F.avg_pool2d: _avg_pool2d,
     F.adaptive_avg_pool2d: lambda x, output_size: nn.AdaptiveAvgPool2d(output_size),
     torch.flatten: _flatten,
+    F.interpolate: _interpolate,  # F.upsample* trace to it
+    F.pixel_shuffle: lambda x, upscale_factor: nn.PixelShuffle(upscale_factor),
+    F.pixel_unshuffle: lambda x, downscale_factor: nn.PixelUnshuffle(downscale_factor),
     operator.mul: _scale, torch.mul: _scale,
     operator.truediv: lambda x, c: _scale(x, c, divide=True),
 }
@@ -142,7 +156,8 @@ def equivalent(node: fx.Node) -> tuple[nn.Module, list]:
 # ------------------------------------------------------------ which sums are exact
 
 AFFINE = (nn.Linear, *CONVS)  # fresh zero-mean weights: output zero-mean given input
-LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, *AVG_POOLS, *DROPOUTS, Add, Concat, Scale)
+LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, *AVG_POOLS, *RESIZES, *DROPOUTS, Add, Concat,
+          Scale)
 
 
 def correlated(nodes: list[Node], inputs: tuple[int, ...]) -> str:

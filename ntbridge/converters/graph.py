@@ -40,7 +40,8 @@ class Node:
     def __repr__(self) -> str:
         """``(name): Module(...)`` and its hyper-parameters, e.g.
         ``(0): Linear(in_features=3, out_features=8, bias=True) W_std=0.577 b_std=0.333``."""
-        hyper = "".join(f" {k}={v:.3g}" for k, v in self.hyper.items() if v is not None)
+        hyper = "".join(f" {k}={v:.3g}" if isinstance(v, float) else f" {k}={v!r}"
+                        for k, v in self.hyper.items() if v is not None)
         return f"({self.name}): {self.module!r}{hyper}"
 
     @property
@@ -88,7 +89,10 @@ def make_node(index: int, name: str, module: nn.Module, inputs: tuple[int, ...],
                              f"{key} (shape {tuple(t.shape)}): a layer without units or inputs "
                              f"has no kernel; give it at least one, or remove it.")
     ctx = Context(name, index, options)
-    layer = converter(module, ctx)
+    try:
+        layer = converter(module, ctx)
+    except NtbridgeError as e:  # a module's option without a rule: name the module
+        raise type(e)(f"{origin or where}: {e}") from None
     return Node(index, name, module, layer, tuple(_tensors(module)), ctx.hyper, inputs,
                 ctx.init_checks, origin)
 

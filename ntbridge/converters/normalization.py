@@ -33,10 +33,26 @@ def _layer_norm(module: nn.LayerNorm, ctx: Context) -> stax.Layer:
         f"ntbridge.empirical_ntk for trained LayerNorm parameters."))
 
 
+def _channel_moments(module: nn.BatchNorm1d) -> stax.ChannelMoments:
+    """The channel means of eval-mode ``module``'s constants, from its buffers (float64)."""
+    s = (module.running_var.detach().double() + module.eps).sqrt()
+    mu = module.running_mean.detach().double()
+    affine = lambda t, default: default(s) if t is None else t.detach().double()
+    a = affine(module.weight, torch.ones_like) / s
+    d = affine(module.bias, torch.zeros_like) - a * mu
+    mean = lambda t: t.mean().item()
+    weight = None if module.weight is None else (mean(1 / s ** 2), mean(mu ** 2 / s ** 2))
+    return stax.ChannelMoments(mean(a ** 2), mean(d ** 2), weight, module.bias is not None,
+                               bool((a == a[0]).all() and (d == 0).all()))
+
+
 @register(nn.BatchNorm1d)
 @register(nn.BatchNorm2d)
 @register(nn.BatchNorm3d)
 @register(nn.SyncBatchNorm)
 def _batch_norm(module: nn.BatchNorm1d, ctx: Context) -> stax.Layer:
-    batch_statistics = module.training or module.running_mean is None
-    return stax.BatchNorm(module.eps, batch_statistics)
+    if module.training or module.running_mean is None:  # batch statistics
+        return stax.BatchNorm(module.eps, None)
+    moments = _channel_moments(module)
+    ctx.hyper.update(moments._asdict())  # the kernel depends on the buffers: the signature has them
+    return stax.BatchNorm(module.eps, moments)

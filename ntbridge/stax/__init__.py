@@ -11,14 +11,17 @@ from .conv import Conv
 from .dropout import Dropout
 from .kernel import Kernel, input_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer
-from .normalization import BatchNorm, LayerNorm
+from .normalization import BatchNorm, ChannelMoments, LayerNorm
 from .piecewise import Piece, Pieces
 from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, MaxPool
 from .reshape import Flatten, Unflatten
+from .resize import PixelShuffle, PixelUnshuffle, Upsample
+from .transpose import ConvTranspose
 
-__all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "BatchNorm", "Conv",
-           "Cos", "Dense", "Dropout", "Erf", "Exp", "FanInConcat", "FanInSum", "FanOut", "Flatten", "Gelu",
-           "INPUT", "Identity", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "MaxPool", "Numerical",
-           "Outer", "Piece", "Pieces", "PARAMETERIZATIONS", "RectifiedMonomial", "Relu", "Scale",
-           "Sign", "Sin", "Unflatten",
+__all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "BatchNorm",
+           "ChannelMoments", "Conv", "ConvTranspose", "Cos", "Dense", "Dropout", "Erf", "Exp",
+           "FanInConcat", "FanInSum", "FanOut", "Flatten", "Gelu", "INPUT", "Identity", "Kernel",
+           "Layer", "LayerNorm", "LeakyRelu", "MaxPool", "Numerical", "Outer", "Piece", "Pieces",
+           "PARAMETERIZATIONS", "PixelShuffle", "PixelUnshuffle", "RectifiedMonomial", "Relu",
+           "Scale", "Sign", "Sin", "Unflatten", "Upsample",
            "ab_relu_rule", "dag", "elementwise", "input_kernel", "parallel", "serial"]

@@ -47,8 +47,10 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
         if not k.is_gaussian:
             raise UnsupportedLayerError(
                 f"{name}'s kernel rule needs a Gaussian input (the output of a Linear/Conv "
-                f"layer), but its input is the output of a nonlinearity or the raw data; put an "
-                f"affine layer before it, or use ntbridge.empirical_ntk / ntbridge.monte_carlo.")
+                f"layer), but its input is the output of a nonlinearity, the raw data, or a map "
+                f"whose channels differ or carry their own gradients (e.g. eval-mode BatchNorm "
+                f"with channel-dependent statistics or a trained weight); put an affine layer "
+                f"before it, or use ntbridge.empirical_ntk / ntbridge.monte_carlo.")
         q = variances(k)
         nngp, dot = rule(k.nngp, *q["nngp"])
         pairs = not k.diagonal_spatial and k.spatial_shape

@@ -1,6 +1,9 @@
-"""Normalization layers: LayerNorm (with a kernel rule) and BatchNorm (exact forward only)."""
+"""Normalization layers: LayerNorm and BatchNorm (a kernel rule in eval mode; in training mode,
+the exact forward only)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -67,18 +70,84 @@ def LayerNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | Non
     return Layer(init_fn, apply_fn, kernel_fn)
 
 
-def BatchNorm(eps: float, batch_statistics: bool) -> Layer:
-    """torch's ``nn.BatchNormNd`` on ``(N, C, *S)``, normalising each channel; no kernel rule.
+class ChannelMoments(NamedTuple):
+    """Channel means of the constants of eval-mode BatchNorm's map ``y_c = a_c x_c + d_c``, with
+    ``s_c = sqrt(running_var_c + eps)``, ``a_c = gamma_c / s_c``, ``d_c = beta_c - a_c mu_c``
+    (``gamma = 1``, ``beta = 0`` without the affine parameters).
 
-    ``batch_statistics``: normalise with the batch's own mean and (biased) variance, as torch does
-    in training mode or without running stats (examples then interact); otherwise with the
-    ``running_mean``/``running_var`` params (eval mode). Params: those two (when used) and the
-    optional affine ``weight``/``bias``, each ``(C,)``.
+    Attributes:
+      scale2: ``mean_c a_c**2``; shift2: ``mean_c d_c**2``.
+      weight: ``(mean_c 1 / s_c**2, mean_c mu_c**2 / s_c**2)`` for a trained ``gamma`` (None: none).
+      bias: whether ``beta`` is trained.
+      uniform: every ``a_c`` equal and every ``d_c`` zero (fresh buffers: ``a_c**2 = 1 / (1 +
+        eps)``): the outputs stay i.i.d. centred Gaussians.
+    """
+
+    scale2: float
+    shift2: float
+    weight: tuple[float, float] | None
+    bias: bool
+    uniform: bool
+
+
+def _eval_rule(moments: ChannelMoments):
+    """Eval-mode BatchNorm's kernel rule (see :func:`BatchNorm`)."""
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        if not k.is_gaussian:
+            raise UnsupportedLayerError(
+                "eval-mode BatchNorm's kernel rule needs a zero-mean Gaussian input with i.i.d. "
+                "channels (the output of a Linear/Conv layer); put it right after one, or use "
+                "ntbridge.empirical_ntk / ntbridge.monte_carlo.")
+        affine = lambda c: moments.scale2 * c + moments.shift2
+        own = (0.0 if moments.weight is None else moments.weight[0] * k.nngp + moments.weight[1])
+        ntk = None if k.ntk is None else moments.scale2 * k.ntk + own + float(moments.bias)
+        # a trained gamma's gradient is the channel's own input, which a nonlinearity's derivative
+        # correlates with: the NTK rules of nonlinearities (carried NTK times E[f'f']) do not hold
+        gaussian = moments.uniform and moments.weight is None
+        return k.replace(nngp=affine(k.nngp), ntk=ntk, cov1=affine(k.cov1), cov2=affine(k.cov2),
+                         is_gaussian=gaussian)
+
+    return kernel_fn
+
+
+def _batch_statistics_refused(k: Kernel) -> Kernel:
+    raise UnsupportedLayerError(
+        "BatchNorm in training mode (or without running statistics) normalises with the batch's "
+        "own mean and variance, which couple the examples: one pair's kernel depends on the whole "
+        "batch, and there is no per-pair infinite-width kernel. Call model.eval() (running "
+        "statistics: an exact rule), or use ntbridge.empirical_ntk / ntbridge.monte_carlo.")
+
+
+def BatchNorm(eps: float, moments: ChannelMoments | None) -> Layer:
+    """torch's ``nn.BatchNormNd`` on ``(N, C, *S)``, normalising each channel.
+
+    ``moments=None``: normalise with the batch's own mean and (biased) variance, as torch does in
+    training mode or without running stats (examples then interact: no kernel rule). Otherwise
+    eval mode, with the ``running_mean``/``running_var`` params and the channel means of the
+    resulting constants (:class:`ChannelMoments`). Params: those two (when used) and the optional
+    affine ``weight``/``bias``, each ``(C,)``.
+
+    Kernel in eval mode: each channel is the fixed affine map ``y_c = a_c x_c + d_c`` of a
+    zero-mean Gaussian input channel ``x_c`` independent of the constants, and a kernel is the
+    channel mean of second moments, so the cross term ``a_c d_c (E x_c + E x'_c)`` vanishes:
+    ``K' = mean(a**2) K + mean(d**2)`` (the same for ``cov1``/``cov2``). NTK: the carried NTK
+    scales by ``mean(a**2)``; a trained ``gamma`` adds the second moment of ``dy/dgamma = (x -
+    mu) / s``, ``mean(1/s**2) K + mean(mu**2 / s**2)``, a trained ``beta`` adds 1 (the affine
+    parameters count as LayerNorm's do: the same in both parameterizations). Exact for any
+    buffers when affine layers follow. A nonlinearity may follow only without a trained gamma
+    (``affine=False``) and with uniform buffers (:class:`ChannelMoments`): otherwise channels
+    differ in scale and mean, or gamma's gradient, the channel's own input, correlates with the
+    nonlinearity's derivative (the NTK would need ``E[f'(u) f'(u') u u']``); it is then refused.
+
+    Example:
+        >>> bn = BatchNorm(1e-5, ChannelMoments(1 / (1 + 1e-5), 0.0, (1 / (1 + 1e-5), 0.0), True,
+        ...                                     True))
     """
 
     def apply_fn(params, x):
         shape = (1, -1) + (1,) * (x.ndim - 2)
-        if batch_statistics:
+        if moments is None:
             axes = (0,) + tuple(range(2, x.ndim))
             mean = x.mean(axes, keepdims=True)
             var = jnp.square(x - mean).mean(axes, keepdims=True)
@@ -89,10 +158,5 @@ def BatchNorm(eps: float, batch_statistics: bool) -> Layer:
             y = y * params["weight"].reshape(shape)
         return y + params["bias"].reshape(shape) if "bias" in params else y
 
-    def kernel_fn(k: Kernel) -> Kernel:
-        raise UnsupportedLayerError(
-            "BatchNorm has no infinite-width kernel rule here (in training mode it couples the "
-            "examples of a batch); use ntbridge.empirical_ntk or ntbridge.monte_carlo, or replace "
-            "it by nn.LayerNorm.")
-
+    kernel_fn = _batch_statistics_refused if moments is None else _eval_rule(moments)
     return Layer(lambda key, shape: (tuple(shape), {}), apply_fn, kernel_fn)

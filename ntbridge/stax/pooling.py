@@ -49,30 +49,37 @@ def adaptive_windows(length: int, count: int) -> list[tuple[int, int]]:
     return [(i * length // count, -(-(i + 1) * length // count)) for i in range(count)]
 
 
-def _adaptive_matrix(length: int, count: int) -> np.ndarray:
+def adaptive_matrix(length: int, count: int) -> np.ndarray:
+    """``M (count, length)`` of torch's 1d adaptive average pooling."""
     m = np.zeros((count, length))
     for i, (lo, hi) in enumerate(adaptive_windows(length, count)):
         m[i, lo:hi] = 1 / (hi - lo)
     return m
 
 
-def _same_channels(ndim: int, out: Callable) -> Callable:
-    """``init_fn`` of a parameter-free pooling with output spatial shape ``out(S)``."""
+def _same_channels(ndim: int | None, out: Callable) -> Callable:
+    """``init_fn`` of a parameter-free map of positions with output spatial shape ``out(S)``;
+    ``ndim=None``: any number of spatial dims (at least one)."""
     def init_fn(key, input_shape):
-        check_spatial_input(input_shape, None, ndim)
+        check_spatial_input(input_shape, None, ndim or max(len(input_shape) - 2, 1))
         spatial = out(tuple(input_shape[2:]))
         if min(spatial) < 1:
-            raise ShapeError(f"input of spatial size {tuple(input_shape[2:])} is smaller than the "
-                             f"pooling window")
+            raise ShapeError(f"input of spatial size {tuple(input_shape[2:])} gives an empty "
+                             f"output {spatial}")
         return (*input_shape[:2], *spatial), {}
 
     return init_fn
 
 
-def separable_linear(ndim: int, matrices: Matrices, name: str) -> Layer:
-    """A channelwise linear map applying ``matrices(S)[d]`` along spatial dim ``d`` of ``(N, C, *S)``.
+def separable_linear(ndim: int | None, matrices: Matrices, name: str,
+                     one_per_row: bool = False) -> Layer:
+    """A channelwise linear map applying ``matrices(S)[d]`` along spatial dim ``d`` of
+    ``(N, C, *S)``.
 
-    ``name`` is the torch module's, for error messages.
+    ``ndim``: the number of spatial dims (None: any). ``one_per_row``: every row of every matrix
+    has at most one nonzero entry (a selection, as nearest-neighbour resizing), so that an output
+    position's variance is that of one input position, scaled: the rule then also runs on the
+    diagonal layout, with the matrices' squares. ``name`` is the torch module's, for error messages.
     """
 
     def apply_fn(params, x):
@@ -81,23 +88,23 @@ def separable_linear(ndim: int, matrices: Matrices, name: str) -> Layer:
         return x
 
     def kernel_fn(k: Kernel) -> Kernel:
-        if k.diagonal_spatial:
+        ms = matrices(k.shape1[2:])  # x1 and x2 have the same spatial shape
+        if k.diagonal_spatial and not one_per_row:
             raise UnsupportedLayerError(f"{name} mixes positions: its kernel rule needs the full "
                                         f"spatial covariance (diagonal_spatial=False)")
-        ms = matrices(k.shape1[2:])  # x1 and x2 have the same spatial shape
 
         def fn(a, n_batch):
-            for m, axes in zip(ms, spatial_axes(n_batch, ndim, False)):
+            for m, axes in zip(ms, spatial_axes(n_batch, len(ms), k.diagonal_spatial)):
                 for axis in axes:
-                    a = contract(a, m, axis)
+                    a = contract(a, m * m if k.diagonal_spatial else m, axis)
             return a
 
         out = tuple(m.shape[0] for m in ms)
         return map_arrays(k, fn).replace(shape1=(*k.shape1[:2], *out), shape2=(*k.shape2[:2], *out))
 
     out_spatial = lambda spatial: tuple(m.shape[0] for m in matrices(spatial))
-    return Layer(_same_channels(ndim, out_spatial), apply_fn, kernel_fn, full_spatial=True,
-                 affine=True)
+    return Layer(_same_channels(ndim, out_spatial), apply_fn, kernel_fn,
+                 full_spatial=not one_per_row, affine=True)
 
 
 def AvgPool(kernel_size: Sequence[int], stride: Sequence[int] | int | None = None,
@@ -129,7 +136,7 @@ def AdaptiveAvgPool(output_size: Sequence[int | None]) -> Layer:
     ``AdaptiveAvgPool((1, 1))`` is global average pooling: ``(N, C, H, W) -> (N, C, 1, 1)``.
     """
     ndim = len(output_size)
-    matrices = lambda spatial: [_adaptive_matrix(length, count or length)
+    matrices = lambda spatial: [adaptive_matrix(length, count or length)
                                 for length, count in zip(spatial, output_size)]
     return separable_linear(ndim, matrices, f"AdaptiveAvgPool{ndim}d")
 
