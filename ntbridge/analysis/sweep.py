@@ -143,12 +143,7 @@ def width_sweep(build: Callable[[int], nn.Module], widths: Sequence[int], x1: to
     with Bar(len(widths) * n_seeds, "width sweep", "model", progress, leave=False) as bar:
         for i, width in enumerate(widths):
             for s in range(n_seeds):
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(sample_seed(seed, width, s))
-                    model = build(width)
-                if not isinstance(model, nn.Module):
-                    raise InputTypeError(f"build({width}) must return a torch.nn.Module, got "
-                                         f"{type(model).__name__}.")
+                model = seeded_model(build, width, sample_seed(seed, width, s))
                 model = model.to(x1.dtype) if x1.is_floating_point() else model
                 if s == 0:
                     nngp, ntk, layers, graph = _analytic(model, x1, x2, parameterization)
@@ -181,6 +176,19 @@ def _seed_spread(samples: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:
     means = {n: sum(p[n] for _, p in samples) / len(samples) for n in names}
     return [(values | {f"ntk[{n}]": _relative_error(parts[n], means[n]) for n in names}, parts)
             for values, parts in samples]
+
+
+def seeded_model(build: Callable[[int], nn.Module], width: int, seed: int,
+                 name: str = "build") -> nn.Module:
+    """``build(width)`` under ``torch.manual_seed(seed)`` (the caller's generator left as it
+    was), checked to be a module; ``name`` is the argument's in messages."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build(width)
+    if not isinstance(model, nn.Module):
+        raise InputTypeError(f"{name}({width}) must return a torch.nn.Module, got "
+                             f"{type(model).__name__}.")
+    return model
 
 
 def _check_widths(widths: Sequence[int]) -> list[int]:

@@ -33,7 +33,7 @@ from ..dynamics import linearize
 from ..empirical.reinit import sample_seed
 from ..errors import InputError, InputTypeError
 from ..predict import gradient_descent_mse, max_learning_rate
-from .sweep import _check_widths
+from .sweep import _check_widths, seeded_model
 from .training_report import TrainingSweep
 
 
@@ -115,12 +115,7 @@ def training_sweep(make_model: Callable[[int], nn.Module], widths: Sequence[int]
     n = len(x_train)
     for i, width in enumerate(widths):
         for s in range(n_seeds):
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(sample_seed(seed, width, s))
-                model = make_model(width)
-            if not isinstance(model, nn.Module):
-                raise InputTypeError(f"make_model({width}) must return a torch.nn.Module, got "
-                                     f"{type(model).__name__}.")
+            model = seeded_model(make_model, width, sample_seed(seed, width, s), "make_model")
             model = model.to(x_train.dtype)
             if s == 0:  # the analytic NTK depends on the architecture only
                 k = ntk(model, torch.cat([x_train, x_test]), x_train, progress=False).double()
