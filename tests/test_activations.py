@@ -227,6 +227,7 @@ POLAR_POINTS = [(0.3, 0.3, 0.6), (1.0, 1.0, -1.0), (1.0, 1.0, 0.0), (4.0, 4.0, 1
                 (10.0, 10.0, 0.999), (0.3, 4.0, 0.5), (2.0, 0.5, -0.3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-8), (np.float32, 2e-5)])
 def test_polar_rule_matches_closed_forms_with_a_kink_or_a_jump_at_zero(dtype, rtol):
     """LeakyReLU (a kink) and sign (a jump; derivative 0) against their float64 closed forms,
@@ -315,6 +316,7 @@ def test_two_hidden_layers_tanh_gelu_match_monte_carlo():
 
 # ---------------------------------------------------------------- robustness and errors
 
+@pytest.mark.slow
 @pytest.mark.parametrize("act", [nn.ReLU(), nn.LeakyReLU(0.1), nn.GELU(), nn.Tanh(), nn.Hardtanh()],
                          ids=lambda m: type(m).__name__)
 def test_finite_symmetric_psd_at_duplicates_and_zero_inputs(act):

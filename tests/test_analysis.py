@@ -25,6 +25,7 @@ def sweep():
     return width_sweep(one_hidden, [64, 256, 1024, 4096], X, n_seeds=4, implementation="structured")
 
 
+@pytest.mark.slow
 def test_slope_is_about_minus_one_half(sweep):
     # With one hidden layer, the empirical NTK and the readout-conditional NNGP are means of
     # `width` i.i.d. terms, so their RMS error is exactly proportional to width**-0.5. The band

@@ -162,6 +162,7 @@ def test_a_dead_process_makes_the_other_fail_clearly(tmp_path):
     assert time.time() - start < 60
 
 
+@pytest.mark.slow
 def test_memory_planner_refuses_a_tile_that_cannot_fit(tmp_path):
     """Global average pooling keeps every pair of positions: on 256 x 256 images one pair of
     examples needs (256^2)^2 floats per array, beyond any CPU's free memory: refused from XLA's

@@ -48,6 +48,7 @@ def uniform_then_relu():
         nn.Conv1d(256, 64, 2), nn.Flatten(), nn.Linear(64 * 3, 128)), (2, 5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parameterization", ["standard", "ntk"])
 @pytest.mark.parametrize("build", [mlp_readout, cnn_then_relu, uniform_then_relu])
 def test_eval_batchnorm_kernels_match_monte_carlo(build, parameterization):

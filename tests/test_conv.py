@@ -104,6 +104,7 @@ def deep_cnn():
         nn.Linear(16 * 9, 3))
 
 
+@pytest.mark.slow
 def test_diagonal_and_full_spatial_layouts_agree():
     model, x = deep_cnn().double(), torch.randn(5, 3, 6, 6, dtype=torch.float64)
     with precision(torch.float64):

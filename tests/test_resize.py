@@ -71,12 +71,14 @@ def _input(module, dtype=torch.float64, n=3):
     return torch.randn(n, 4, *{1: (5,), 2: (4, 6), 3: (2, 4, 4)}[ndim], dtype=dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("module", RESIZES, ids=repr)
 def test_forward_matches_torch(module, dtype):
     assert_forward_matches(module, _input(module, dtype))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", RESIZES, ids=repr)
 def test_kernel_of_conv_then_resize_is_exact(module):
     """A conv followed by a resize is linear in its weights: its NTK is torch.func's at any width,
@@ -122,6 +124,7 @@ MONTE_CARLO = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parameterization", ["standard", "ntk"])
 @pytest.mark.parametrize("name", MONTE_CARLO)
 def test_resize_kernels_match_monte_carlo(name, parameterization):
@@ -140,6 +143,7 @@ class Functional(nn.Module):
         return self.fn(self.conv(x)).flatten(1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form, module", [
     (lambda h: F.interpolate(h, scale_factor=2, mode="bilinear"),
      nn.Upsample(scale_factor=2, mode="bilinear")),

@@ -38,6 +38,7 @@ def sweep():
                                                 n_seeds=8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantity", ["linearized", "infinite"])
 def test_the_gap_shrinks_with_the_width(sweep, quantity):
     mean, se = sweep.mean(quantity)[:, -1], sweep.standard_error(quantity)[:, -1]

@@ -38,6 +38,7 @@ def _input(conv, n=3):
     return torch.randn(n, conv.in_channels, *SPATIAL[conv.weight.ndim - 2], dtype=torch.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("conv", TRANSPOSES, ids=repr)
 def test_forward_matches_torch(conv, dtype):
@@ -85,6 +86,7 @@ def same_positions(a: np.ndarray) -> np.ndarray:
     return a
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("conv", TRANSPOSES, ids=repr)
 def test_kernel_is_the_covariance_map(conv):
     conv = conv.double()
@@ -130,6 +132,7 @@ def decoder_3d_then_conv():
         nn.Linear(16 * 4 * 5 * 4, 128)), (2, 2, 2, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parameterization", ["standard", "ntk"])
 @pytest.mark.parametrize("build", [decoder_2d, decoder_1d, decoder_3d_then_conv])
 def test_decoder_kernels_match_monte_carlo(build, parameterization):
