@@ -6,7 +6,7 @@ Decoder: 3x4x4 inputs, ``ConvTranspose2d(3, 64, 4, stride=2, padding=1)`` (8x8),
 ``Upsample(scale_factor=2)`` (nearest, 16x16), ``Conv2d(64, 64, 3, padding=1)``, ReLU, Flatten,
 Linear. Encoder: run.py's Flatten CNN at 16x16 (two 3x3 convolutions of 64 channels on 3x16x16
 inputs, the same head). Both keep same-position covariances only (nearest upsampling selects one
-input per output), so both cost ~ N^2 H W at the 16x16 maps. Issue 29's target: decoder <= 1.5x.
+input per output), so both cost ~ N^2 H W at the 16x16 maps. Target: decoder <= 1.5x.
 """
 
 from __future__ import annotations

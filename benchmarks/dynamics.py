@@ -1,7 +1,7 @@
 """Training dynamics: the cost of a linearized model's forward+backward against the model's own,
 and ntbridge.predict.gradient_descent on 1,000 training points to t = 1e4.
 
-Goals (issue 30): linearized / original <= 3x; the ODE under 10 s on 2 cores.
+Goals: linearized / original <= 3x; the ODE under 10 s on 2 cores.
 
     python benchmarks/dynamics.py [--threads N] [--quick]
 """

@@ -93,7 +93,7 @@ seconds = best(lambda: jax.block_until_ready(kernel_fn(x1, x2, ("nngp", "ntk")))
 print(json.dumps({"seconds": seconds}))
 """
 
-# (name, dtype, N1, N2, size, channels); the issue's table and its targets' range.
+# (name, dtype, N1, N2, size, channels): the sizes users run, and their targets' range.
 ROWS = [
     ("FC", "float32", 2048, 0, 0, 0),
     ("FC", "float64", 2048, 0, 0, 0),
