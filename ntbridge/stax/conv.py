@@ -131,6 +131,42 @@ def check_spatial_input(input_shape, channels: int | None, ndim: int) -> None:
                          f"got {tuple(input_shape)}")
 
 
+def conv_init_fn(in_channels: int, out_channels: int, weight_shape: tuple[int, ...],
+                 out_spatial: Callable, empty: str, weight_std: float, b_std: float | None,
+                 distribution: str) -> Callable:
+    """``init_fn`` of a convolution ``(N, in_channels, *S) -> (N, out_channels, *out_spatial(S))``:
+    a weight of ``weight_shape`` (standard deviation ``weight_std``) and, with ``b_std``, a bias
+    ``(out_channels,)``; ``empty`` ends the error when ``S`` gives no output positions."""
+    ndim = len(weight_shape) - 2
+
+    def init_fn(key, input_shape):
+        check_spatial_input(input_shape, in_channels, ndim)
+        spatial = out_spatial(input_shape[2:])
+        if min(spatial) < 1:
+            raise ShapeError(f"input of spatial size {tuple(input_shape[2:])} {empty}")
+        kw, kb = jax.random.split(key)
+        params = {"weight": _sample(kw, weight_shape, weight_std, distribution)}
+        if b_std is not None:
+            params["bias"] = _sample(kb, (out_channels,), b_std, distribution)
+        return (input_shape[0], out_channels, *spatial), params
+
+    return init_fn
+
+
+def affine_output(k: Kernel, W_std: float, b_std: float | None, fan_in: int,
+                  parameterization: str, out_channels: int, out_spatial: Callable) -> Kernel:
+    """The kernel of a convolution's outputs ``(N, out_channels, *out_spatial(S))`` from ``k``,
+    the mean over its weight offsets of the input covariances each offset sees."""
+    b_var = 0.0 if b_std is None else b_std ** 2
+    affine = lambda c: W_std ** 2 * c + b_var
+    nngp = affine(k.nngp)
+    return k.replace(
+        nngp=nngp, ntk=affine_ntk(k, nngp, fan_in, W_std, b_std is not None, parameterization),
+        cov1=affine(k.cov1), cov2=affine(k.cov2),
+        shape1=(k.shape1[0], out_channels, *out_spatial(k.shape1[2:])),
+        shape2=(k.shape2[0], out_channels, *out_spatial(k.shape2[2:])), is_gaussian=True)
+
+
 def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_std: float,
          b_std: float | None, stride: Sequence[int] | int = 1,
          padding: str | int | Sequence[int] = 0, dilation: Sequence[int] | int = 1,
@@ -157,23 +193,14 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
     pads, mode = conv_padding(padding, kernel_size, dilation), PADDING_MODES[padding_mode]
     fan_in = in_channels // groups * math.prod(kernel_size)
     has_bias = b_std is not None
-    b_var = b_std ** 2 if has_bias else 0.0
 
     def out_spatial(spatial):
         return tuple(window_count(*dims) for dims in zip(spatial, kernel_size, stride, dilation, pads))
 
-    def init_fn(key, input_shape):
-        check_spatial_input(input_shape, in_channels, ndim)
-        spatial = out_spatial(input_shape[2:])
-        if min(spatial) < 1:
-            raise ShapeError(f"input of spatial size {tuple(input_shape[2:])} is smaller than the "
-                             f"(dilated, padded) kernel {kernel_size}")
-        kw, kb = jax.random.split(key)
-        params = {"weight": _sample(kw, (out_channels, in_channels // groups, *kernel_size),
-                                    W_std / fan_in ** 0.5, distribution)}
-        if has_bias:
-            params["bias"] = _sample(kb, (out_channels,), b_std, distribution)
-        return (input_shape[0], out_channels, *spatial), params
+    init_fn = conv_init_fn(in_channels, out_channels,
+                           (out_channels, in_channels // groups, *kernel_size), out_spatial,
+                           f"is smaller than the (dilated, padded) kernel {kernel_size}",
+                           W_std / fan_in ** 0.5, b_std, distribution)
 
     def padded(x):
         """``x`` with non-zero padding applied, and the zero padding left to the convolution."""
@@ -202,12 +229,7 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
 
     def kernel_fn(k: Kernel) -> Kernel:
         k = map_arrays(k, lambda a, n: patch_mean(a, n, k.diagonal_spatial))
-        nngp = W_std ** 2 * k.nngp + b_var
-        return k.replace(
-            nngp=nngp, ntk=affine_ntk(k, nngp, fan_in, W_std, has_bias, parameterization),
-            cov1=W_std ** 2 * k.cov1 + b_var, cov2=W_std ** 2 * k.cov2 + b_var,
-            shape1=(k.shape1[0], out_channels, *out_spatial(k.shape1[2:])),
-            shape2=(k.shape2[0], out_channels, *out_spatial(k.shape2[2:])), is_gaussian=True)
+        return affine_output(k, W_std, b_std, fan_in, parameterization, out_channels, out_spatial)
 
     def structure(params, x):
         # weight[o, c, j] sees patch (j, c) at every output position p (K = kernel offsets x

@@ -28,10 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import InputError, ShapeError
-from .conv import as_tuple, check_spatial_input, contract, window_matrix, window_reduce
+from ..errors import InputError
+from .conv import (affine_output, as_tuple, conv_init_fn, contract, window_matrix,
+                   window_reduce)
 from .kernel import Kernel, map_arrays, spatial_axes
-from .layers import Layer, _sample, affine_ntk
+from .layers import Layer
 
 
 def transpose_pads(size: int, padding: int, output_padding: int, dilation: int) -> tuple[int, int]:
@@ -102,24 +103,15 @@ def ConvTranspose(in_channels: int, out_channels: int, kernel_size: Sequence[int
     # sigma_w**2 * (in / groups) = W_std**2 * taps_factor / prod(kernel_size): see the module doc
     taps_factor = in_channels / out_channels
     has_bias = b_std is not None
-    b_var = b_std ** 2 if has_bias else 0.0
 
     def out_spatial(spatial):
         return tuple((n - 1) * s + lo + hi + 1 - d * (k - 1)
                      for n, s, (lo, hi), d, k in zip(spatial, stride, pads, dilation, kernel_size))
 
-    def init_fn(key, input_shape):
-        check_spatial_input(input_shape, in_channels, ndim)
-        spatial = out_spatial(input_shape[2:])
-        if min(spatial) < 1:
-            raise ShapeError(f"input of spatial size {tuple(input_shape[2:])} gives no output "
-                             f"positions (padding {padding} crops them all)")
-        kw, kb = jax.random.split(key)
-        params = {"weight": _sample(kw, (in_channels, out_channels // groups, *kernel_size),
-                                    W_std / fan_in ** 0.5, distribution)}
-        if has_bias:
-            params["bias"] = _sample(kb, (out_channels,), b_std, distribution)
-        return (input_shape[0], out_channels, *spatial), params
+    init_fn = conv_init_fn(in_channels, out_channels,
+                           (in_channels, out_channels // groups, *kernel_size), out_spatial,
+                           f"gives no output positions (padding {padding} crops them all)",
+                           W_std / fan_in ** 0.5, b_std, distribution)
 
     def apply_fn(params, x):
         flip = tuple(range(2, 2 + ndim))
@@ -152,12 +144,6 @@ def ConvTranspose(in_channels: int, out_channels: int, kernel_size: Sequence[int
 
     def kernel_fn(k: Kernel) -> Kernel:
         k = map_arrays(k, lambda a, n: tap_mean(a, n, k.diagonal_spatial))
-        affine = lambda c: W_std ** 2 * c + b_var
-        nngp = affine(k.nngp)
-        return k.replace(
-            nngp=nngp, ntk=affine_ntk(k, nngp, fan_in, W_std, has_bias, parameterization),
-            cov1=affine(k.cov1), cov2=affine(k.cov2),
-            shape1=(k.shape1[0], out_channels, *out_spatial(k.shape1[2:])),
-            shape2=(k.shape2[0], out_channels, *out_spatial(k.shape2[2:])), is_gaussian=True)
+        return affine_output(k, W_std, b_std, fan_in, parameterization, out_channels, out_spatial)
 
     return Layer(init_fn, apply_fn, kernel_fn, affine=True)
