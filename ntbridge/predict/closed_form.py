@@ -89,7 +89,7 @@ def max_learning_rate(k_train_train: torch.Tensor, *, loss_curvature: float = 1.
     return stability_limit(largest, loss_curvature, momentum)
 
 
-def _modes(lam: torch.Tensor, lr: float, when: torch.Tensor,
+def modes(lam: torch.Tensor, lr: float, when: torch.Tensor,
            discrete: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Per time (rows) and eigenvalue (columns): the factor by which a mode of ``f - y`` has
     decayed, and ``lr`` times its sum (or integral) over the steps so far, ``(1 - decay) / lam``."""
@@ -159,7 +159,7 @@ def gradient_descent_mse(k_train_train: torch.Tensor, y_train: torch.Tensor,
                                  f"{limit:.4g}: the outputs diverge."))
     y = layout.flat(y_train.to(k.dtype))
     coef = vecs.T @ (layout.initial("f_train_0", f_train_0, layout.n, k) - y)  # (N, C)
-    decay, integral = _modes(lam.clamp_min(0), learning_rate, when, discrete)
+    decay, integral = modes(lam.clamp_min(0), learning_rate, when, discrete)
     train = layout.values(y + vecs @ (decay[:, :, None] * coef))
     test = None
     if k_test_train is not None:

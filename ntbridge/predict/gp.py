@@ -20,6 +20,7 @@ import torch
 
 from ..errors import InputError
 from .checks import check_blocks, regularized
+from .closed_form import modes
 
 
 class Prediction(NamedTuple):
@@ -67,16 +68,12 @@ def gradient_descent_mse_ensemble(ntk_train_train: torch.Tensor, y_train: torch.
     if t < 0:
         raise InputError(f"t must be >= 0 (or math.inf), got {t}.")
     eigvals, vecs = torch.linalg.eigh(regularized(ntk_train_train, diag_reg))
-    if t == math.inf:
-        if eigvals.min() <= 0:
-            raise InputError("the train NTK is singular, so the t=inf ensemble is undefined; pass "
-                             "diag_reg > 0 (e.g. 1e-6).")
-        factor = 1 / eigvals
-    else:
-        lam = eigvals.clamp_min(0)
-        # (1 - exp(-lr lam t)) / lam, with its limit lr t at lam = 0
-        factor = torch.where(lam > 0, -torch.expm1(-lr * lam * t) / torch.where(lam > 0, lam, 1),
-                             torch.full_like(lam, lr * t))
+    if t == math.inf and eigvals.min() <= 0:
+        raise InputError("the train NTK is singular, so the t=inf ensemble is undefined; pass "
+                         "diag_reg > 0 (e.g. 1e-6).")
+    # (1 - exp(-lr lam t)) / lam, with its limit lr t at lam = 0 (1 / lam at t = inf)
+    factor = modes(eigvals.clamp_min(0), lr, torch.tensor([float(t)], dtype=torch.float64),
+                   discrete=False)[1][0]
     p = (ntk_test_train @ vecs) * factor @ vecs.T  # (m, n)
     mean = p @ y
     cov = None
