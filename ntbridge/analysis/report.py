@@ -13,7 +13,7 @@ import csv
 import dataclasses
 import io
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -135,9 +135,7 @@ class WidthSweep:
 
     def __str__(self) -> str:
         header, rows = self._rows()
-        widths = [max(len(r[j]) for r in [header, *rows]) for j in range(len(header))]
-        line = lambda r: " | ".join(c.rjust(w) for c, w in zip(r, widths))
-        rule = "-+-".join("-" * w for w in widths)
+        line, rule = aligned(header, rows)
         return "\n".join([line(header), rule, *map(line, rows[:-1]), rule, line(rows[-1]), "",
                           self._note()])
 
@@ -178,13 +176,7 @@ class WidthSweep:
     def plot(self, path: str) -> str:
         """Write a log-log PNG of error vs width (mean, with ± std bars) and a ``width**-1/2``
         guide; returns ``path``. Needs matplotlib: ``pip install 'ntbridge[plot]'``."""
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as e:
-            raise ImportError("WidthSweep.plot needs matplotlib; install it with "
-                              "pip install 'ntbridge[plot]'") from e
+        plt = pyplot("WidthSweep.plot")
         w = np.asarray(self.widths, float)
         fig, ax = plt.subplots(figsize=(6.4, 4.8))
         for q in self.errors:
@@ -201,6 +193,26 @@ class WidthSweep:
         fig.savefig(path, dpi=120)
         plt.close(fig)
         return path
+
+
+def aligned(header: list[str], rows: list[list[str]]) -> tuple[Callable[[list[str]], str], str]:
+    """``(line, rule)``: ``line(row)`` right-aligns each cell to its column's widest, ``rule`` is
+    the line under the header."""
+    widths = [max(len(r[j]) for r in [header, *rows]) for j in range(len(header))]
+    return (lambda r: " | ".join(c.rjust(w) for c, w in zip(r, widths)),
+            "-+-".join("-" * w for w in widths))
+
+
+def pyplot(caller: str):
+    """matplotlib's pyplot (Agg backend), or an ImportError saying that ``caller`` needs it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError(f"{caller} needs matplotlib; install it with "
+                          f"pip install 'ntbridge[plot]'") from e
+    return plt
 
 
 def _label(quantity: str) -> str:

@@ -12,6 +12,8 @@ import dataclasses
 
 import numpy as np
 
+from .report import aligned, pyplot
+
 _LABELS = {"linearized": "model vs linearized", "infinite": "model vs infinite width"}
 
 
@@ -63,10 +65,8 @@ class TrainingSweep:
         for q in self.distances:
             rows = [[str(w), f"{lr:.3g}", *(self._cell(q, i, j) for j in range(len(self.steps)))]
                     for i, (w, lr) in enumerate(zip(self.widths, self.learning_rates))]
-            widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
-            line = lambda r: " | ".join(cell.rjust(w) for cell, w in zip(r, widths))
-            lines += [f"{_LABELS[q]}:", line(header), "-+-".join("-" * w for w in widths),
-                      *map(line, rows), ""]
+            line, rule = aligned(header, rows)
+            lines += [f"{_LABELS[q]}:", line(header), rule, *map(line, rows), ""]
         seeds = f"{self.n_seeds} seed{'s' * (self.n_seeds > 1)}"
         lines.append(f"RMS distance of the trained model's test outputs, mean ± standard error over "
                      f"{seeds}; full-batch gradient descent on 1/2 sum |f - y|^2.")
@@ -75,13 +75,7 @@ class TrainingSweep:
     def plot(self, path: str) -> str:
         """Write a PNG: the distances against the step, one line per width, one panel per
         quantity (log scale); returns ``path``. Needs matplotlib: ``pip install 'ntbridge[plot]'``."""
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as e:
-            raise ImportError("TrainingSweep.plot needs matplotlib; install it with "
-                              "pip install 'ntbridge[plot]'") from e
+        plt = pyplot("TrainingSweep.plot")
         fig, axes = plt.subplots(1, len(self.distances), figsize=(5.2 * len(self.distances), 4.2),
                                  squeeze=False)
         shown = [j for j, s in enumerate(self.steps) if s > 0]  # distances are 0 at step 0
