@@ -2,8 +2,9 @@
 
 Leaf modules (registered types, torch's own) stay ``call_module`` nodes, converted by the registry.
 Chains of elementwise functions without a module (``torch.exp(-h ** 2)``) become one
-:class:`~.elementwise.Elementwise` module. Other functional calls become the equivalent module instance (``F.gelu(x, approximate=a)`` ->
-``nn.GELU(a)`` as every activation's functional and method forms, :mod:`.functional`;
+:class:`~.elementwise.Elementwise` module. Other functional calls become the equivalent module
+instance (``F.gelu(x, approximate=a)`` -> ``nn.GELU(a)`` as every activation's functional and
+method forms, :mod:`.functional`;
 ``x.view(x.size(0), -1)`` -> ``nn.Flatten()``, ``F.interpolate`` -> ``nn.Upsample``...), so that
 each module type has one converter; ``+``/``torch.add`` become :class:`~.combinators.Add`,
 ``torch.cat`` :class:`~.combinators.Concat`, and multiplication or division by a constant
