@@ -105,17 +105,23 @@ def deep_cnn():
 
 
 @pytest.mark.slow
-def test_diagonal_and_full_spatial_layouts_agree():
-    model, x = deep_cnn().double(), torch.randn(5, 3, 6, 6, dtype=torch.float64)
+def assert_layouts_agree(model: nn.Module, x: torch.Tensor):
+    """The kernels of float64 ``model`` at ``x`` from the diagonal and the full spatial layouts
+    agree; returns the converted network and the diagonal layout's kernel."""
     with precision(torch.float64):
         network = ntbridge.convert(model).network
-        a = to_jax(x)
         kernel = lambda d: jax.jit(lambda a: network.kernel_fn(
-            input_kernel(a, None, compute_ntk=True, diagonal_spatial=d)))(a)
+            input_kernel(a, None, compute_ntk=True, diagonal_spatial=d)))(to_jax(x))
         diagonal, full = kernel(True), kernel(False)
-    assert diagonal.nngp.shape == full.nngp.shape == (5, 5)
     np.testing.assert_allclose(full.nngp, diagonal.nngp, rtol=1e-12)
     np.testing.assert_allclose(full.ntk, diagonal.ntk, rtol=NTK_RTOL)
+    return network, diagonal
+
+
+def test_diagonal_and_full_spatial_layouts_agree():
+    model, x = deep_cnn().double(), torch.randn(5, 3, 6, 6, dtype=torch.float64)
+    _, diagonal = assert_layouts_agree(model, x)
+    assert diagonal.nngp.shape == (5, 5)
 
 
 @pytest.mark.parametrize("mode", ["constant", "wrap", "reflect", "edge"])

@@ -17,7 +17,7 @@ from ntbridge.stax.resize import resize_matrix
 
 from montecarlo import check_architecture
 from reference import channel_averaged_ntk
-from test_conv import NTK_RTOL, assert_forward_matches
+from test_conv import assert_forward_matches, assert_layouts_agree
 from test_transpose import same_positions
 
 # (length, size or scale factor, recompute_scale_factor): down, up, non-integer and ratio 1
@@ -170,15 +170,8 @@ def test_nearest_layouts_agree():
                           nn.Conv2d(8, 8, 3, stride=2), nn.ReLU(), nn.PixelUnshuffle(2),
                           nn.Conv2d(32, 4, 1), nn.PixelShuffle(2), nn.ReLU(), nn.Flatten(),
                           nn.Linear(1 * 4 * 4, 2)).double()
-    x = torch.randn(4, 3, 6, 4, dtype=torch.float64)
-    with precision(torch.float64):
-        network = ntbridge.convert(model).network
-        kernel = lambda d: jax.jit(lambda a: network.kernel_fn(
-            input_kernel(a, None, compute_ntk=True, diagonal_spatial=d)))(to_jax(x))
-        diagonal, full = kernel(True), kernel(False)
+    network, _ = assert_layouts_agree(model, torch.randn(4, 3, 6, 4, dtype=torch.float64))
     assert not network.full_spatial
-    np.testing.assert_allclose(full.nngp, diagonal.nngp, rtol=1e-12)
-    np.testing.assert_allclose(full.ntk, diagonal.ntk, rtol=NTK_RTOL)
 
 
 def test_refusals_name_the_module_and_the_option():

@@ -5,7 +5,6 @@ models."""
 import itertools
 import warnings
 
-import jax
 import numpy as np
 import pytest
 import torch
@@ -18,7 +17,7 @@ from ntbridge.stax import input_kernel
 
 from montecarlo import check_architecture
 from reference import channel_averaged_ntk, empirical_ntk
-from test_conv import NTK_RTOL, assert_forward_matches
+from test_conv import assert_forward_matches, assert_layouts_agree
 
 TRANSPOSES = [
     nn.ConvTranspose1d(3, 4, 3),
@@ -146,14 +145,7 @@ def test_layouts_agree_after_two_transposes():
         nn.ConvTranspose2d(3, 8, 3, stride=2, padding=1), nn.ReLU(),
         nn.ConvTranspose2d(8, 8, 2, stride=2, output_padding=1, dilation=2), nn.ReLU(),
         nn.Flatten(), nn.Linear(8 * 12 * 12, 2)).double()
-    x = torch.randn(4, 3, 3, 3, dtype=torch.float64)
-    with precision(torch.float64):
-        network = ntbridge.convert(model).network
-        kernel = lambda d: jax.jit(lambda a: network.kernel_fn(
-            input_kernel(a, None, compute_ntk=True, diagonal_spatial=d)))(to_jax(x))
-        diagonal, full = kernel(True), kernel(False)
-    np.testing.assert_allclose(full.nngp, diagonal.nngp, rtol=1e-12)
-    np.testing.assert_allclose(full.ntk, diagonal.ntk, rtol=NTK_RTOL)
+    assert_layouts_agree(model, torch.randn(4, 3, 3, 3, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("implementation", ["jacobian", "structured"])
