@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils import _pytree as pytree
 
 from .errors import InputError, InputTypeError, UnsupportedLayerError
 
@@ -74,7 +75,7 @@ class TaylorExpansion(nn.Module):
       reference: the expansion point ``p0`` and the model's buffers, as buffers (not trained).
 
     ``train()``/``eval()`` set the mode of the expanded model (dropout, batch statistics). The
-    output must be one tensor.
+    output is the model's: a tensor, or tuples, lists and dicts of tensors, each expanded.
     """
 
     def __init__(self, model: nn.Module, degree: int):
@@ -96,18 +97,21 @@ class TaylorExpansion(nn.Module):
         self._function.train(mode)
         return super().train(mode)
 
-    def forward(self, *args, **kwargs) -> torch.Tensor:
+    def forward(self, *args, **kwargs):
         """The expansion at ``args`` (the model's own arguments), differentiable in ``params``."""
         point = {n: self.reference.get_buffer(n) for n in self._names}
         buffers = {n: self.reference.get_buffer(n) for n in self._buffer_names}
         step = {n: self.params.get_parameter(n) - point[n] for n in self._names}
 
-        def fn(p: dict) -> torch.Tensor:
+        def fn(p: dict):
             out = functional_call(self._function, {**p, **buffers}, args, kwargs)
-            if not isinstance(out, torch.Tensor):
-                raise InputTypeError(f"taylor_expand needs a model returning one tensor; "
-                                     f"{type(self._function).__name__} returned "
-                                     f"{type(out).__name__}.")
+            others = [type(o).__name__ for o in pytree.tree_leaves(out)
+                      if not isinstance(o, torch.Tensor)]
+            if others:
+                raise InputTypeError(f"taylor_expand needs a model returning tensors (or tuples, "
+                                     f"lists and dicts of them); {type(self._function).__name__} "
+                                     f"returned {', '.join(others)} too: return those from "
+                                     f"another function.")
             return out
 
         try:  # torch's math attention has forward-mode derivatives, its fused kernels do not
@@ -122,7 +126,8 @@ class TaylorExpansion(nn.Module):
                 f"path may be the cause (nn.MultiheadAttention and nn.TransformerEncoderLayer in "
                 f"eval mode): expand the model in train mode with dropout 0 "
                 f"(expansion.train()).") from None
-        return sum(term / math.factorial(j) for j, term in enumerate(terms))
+        return pytree.tree_map(
+            lambda *term: sum(t / math.factorial(j) for j, t in enumerate(term)), *terms)
 
     def extra_repr(self) -> str:
         return f"degree={self.degree}, model={type(self._function).__name__}"
@@ -133,13 +138,13 @@ def taylor_expand(model: nn.Module, degree: int) -> TaylorExpansion:
     values, as a trainable module (``model`` is left untouched).
 
     Args:
-      model: any torch model whose forward returns one tensor (and whose operations have
-        forward-mode derivatives, as ``torch.func.jvp`` needs).
+      model: any torch model whose forward returns tensors (one, or tuples, lists and dicts of
+        them) and whose operations have forward-mode derivatives, as ``torch.func.jvp`` needs.
       degree: the order, >= 1 (the cost grows about as ``2**degree`` forward passes).
 
     Returns:
-      A :class:`TaylorExpansion`; its output has the model's shape, e.g. ``(N, O)`` for inputs
-      ``(N, *input)``.
+      A :class:`TaylorExpansion`; its output has the model's structure and shapes, e.g. ``(N, O)``
+      for inputs ``(N, *input)``. It is ``torch.compile``-able (``fullgraph=True`` included).
 
     Example:
         >>> quad = ntbridge.taylor_expand(model, 2)

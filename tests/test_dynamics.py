@@ -161,14 +161,46 @@ def test_expansions_follow_the_module_api():
                                      for n, _ in model.named_parameters()}
     with pytest.raises(errors.InputError, match="degree must be an int >= 1"):
         ntbridge.taylor_expand(model, 0)
-    with pytest.raises(errors.InputTypeError, match="one tensor"):
-        ntbridge.linearize(TwoOutputs())(x)
+    with pytest.raises(errors.InputTypeError, match="returned int too"):
+        ntbridge.linearize(Outputs(with_int=True))(x)
 
 
-class TwoOutputs(nn.Module):
-    def __init__(self):
+class Outputs(nn.Module):
+    """A model returning a dict of tensors (and an int, with ``with_int``)."""
+
+    def __init__(self, with_int=False):
         super().__init__()
-        self.a = nn.Linear(3, 1).double()
+        self.a, self.b, self.with_int = nn.Linear(3, 4).double(), nn.Linear(4, 1).double(), with_int
 
     def forward(self, x):
-        return self.a(x), x
+        h = torch.tanh(self.a(x))
+        out = {"features": h, "head": [self.b(h)]}
+        return {**out, "count": 3} if self.with_int else out
+
+
+def test_expansions_of_several_outputs_expand_each():
+    model, x = Outputs(), torch.randn(5, 3, dtype=torch.float64)
+    quad = ntbridge.taylor_expand(model, 2)
+    step = perturb(quad, 0.1)
+    p0 = dict(model.named_parameters())
+    f = lambda p: functional_call(model, p, (x,))["head"][0]  # noqa: E731
+    df = lambda p: jvp(f, (p,), (step,))[1]  # noqa: E731
+    second = jvp(df, (p0,), (step,))[1]
+    expected = f(p0) + df(p0) + second / 2
+    out = quad(x)
+    assert set(out) == {"features", "head"} and out["features"].shape == (5, 4)
+    torch.testing.assert_close(out["head"][0], expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_expansions_compile_to_one_graph():
+    model, x = mlp(), torch.randn(7, 3, dtype=torch.float64)
+    lin = ntbridge.linearize(model)
+    perturb(lin, 0.1)
+    compiled = torch.compile(lin, backend="aot_eager", fullgraph=True)
+    eager, out = lin(x), compiled(x)
+    torch.testing.assert_close(out, eager, rtol=0, atol=1e-12)
+    grads = torch.autograd.grad(out.square().sum(), list(lin.parameters()))
+    expected = torch.autograd.grad(eager.square().sum(), list(lin.parameters()))
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
