@@ -133,7 +133,7 @@ def width_sweep(build: Callable[[int], nn.Module], widths: Sequence[int], x1: to
         >>> round(sweep.slope, 1)
         -0.5
     """
-    widths = _check_widths(widths)
+    widths = check_widths(widths)
     if isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 1:
         raise InputError(f"n_seeds must be a positive int, got {n_seeds!r}.")
     if parameterization not in ("standard", "ntk"):
@@ -191,7 +191,8 @@ def seeded_model(build: Callable[[int], nn.Module], width: int, seed: int,
     return model
 
 
-def _check_widths(widths: Sequence[int]) -> list[int]:
+def check_widths(widths: Sequence[int]) -> list[int]:
+    """``widths`` as a list of positive ints (the widths of a sweep), or a clear error."""
     try:
         widths = [int(w) for w in widths]
     except (TypeError, ValueError):

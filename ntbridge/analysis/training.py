@@ -33,7 +33,7 @@ from ..dynamics import linearize
 from ..empirical.reinit import sample_seed
 from ..errors import InputError, InputTypeError
 from ..predict import gradient_descent_mse, max_learning_rate
-from .sweep import _check_widths, seeded_model
+from .sweep import check_widths, seeded_model
 from .training_report import TrainingSweep
 
 
@@ -100,7 +100,7 @@ def training_sweep(make_model: Callable[[int], nn.Module], widths: Sequence[int]
         >>> sweep = training_sweep(build, [32, 512], x, y, x_star, steps=100, n_seeds=4)
         >>> sweep.mean("linearized")[:, -1]     # the final distance per width, shrinking
     """
-    widths, checkpoints = _check_widths(widths), _checkpoints(steps)
+    widths, checkpoints = check_widths(widths), _checkpoints(steps)
     if isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 1:
         raise InputError(f"n_seeds must be a positive int, got {n_seeds!r}.")
     if y_train.ndim != 2 or len(y_train) != len(x_train):
