@@ -131,6 +131,7 @@ def test_tiles_and_float32_give_the_same_gradient():
     torch.testing.assert_close(grads[torch.float32, 4], reference, rtol=1e-5, atol=0)
 
 
+@pytest.mark.slow
 def test_one_program_serves_every_value(monkeypatch):
     model, x = relu_mlp(), torch.randn(6, 3, **f64)
     compiled = []
