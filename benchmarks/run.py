@@ -284,8 +284,8 @@ def compile_options(quick: bool) -> None:
                  ("CNN GAP 8x8", _cnn("global avg pool", 8), (8 if quick else 32, 3, 8, 8))]
     split = "xla_cpu_parallel_codegen_split_count"
     for name, model, shape in workloads:
-        task = analytic.task(Analytic(), ntbridge.convert(model), None, None, "cpu")[0]
         a = to_jax(torch.randn(shape))
+        task = analytic.task(Analytic(), ntbridge.convert(model), a, None, "cpu")[0]
         used = task.program_kind(a)
         ours = compiler_options("cpu", used)
         comparisons = [(f"{kind} options", compiler_options("cpu", kind), compiler_options("cpu"),
@@ -299,7 +299,7 @@ def compile_options(quick: bool) -> None:
             for _ in range(3):
                 for i, options in enumerate((options_a, options_b)):
                     # a fresh lowering each time: JAX keeps what it compiled from one in memory
-                    lowered = jax.jit(functools.partial(task.fn, None)).lower(a, None)
+                    lowered = jax.jit(functools.partial(task.fn, task.args)).lower(a, None)
                     t0 = time.perf_counter()
                     programs[i] = lowered.compile(compiler_options=options)
                     times[i].append(time.perf_counter() - t0)

@@ -32,6 +32,7 @@ _EXPORTS = {  # public name -> (module, attribute)
     "linearize": ("dynamics", "linearize"), "taylor_expand": ("dynamics", "taylor_expand"),
 }
 _MODULES = ("analysis", "dynamics", "errors", "predict", "programs", "stax", "testing", "tiling")
+_OPTIONAL = ("gpytorch",)  # modules of optional extras ("gp"): importable, not in __all__
 __all__ = sorted([*_EXPORTS, *_MODULES])
 
 if TYPE_CHECKING:  # what the lazy imports bind, for type checkers and editors
@@ -44,7 +45,7 @@ if TYPE_CHECKING:  # what the lazy imports bind, for type checkers and editors
 
 
 def __getattr__(name: str):
-    if name in _MODULES:
+    if name in _MODULES or name in _OPTIONAL:
         return importlib.import_module(f"{__name__}.{name}")
     if name not in _EXPORTS:
         raise AttributeError(f"module 'ntbridge' has no attribute {name!r}")

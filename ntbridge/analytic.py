@@ -10,7 +10,10 @@ for :func:`ntbridge.tiling.compute`:
   same-position covariances (:data:`ntbridge.devices.PROGRAM_OPTIONS`);
 * with ``by_layer``, a chain of modules gives the NNGP and each module's contribution to the NTK:
   the NTK of the network with the NTK zeroed just before module ``j``, minus the same from ``j``'s
-  successor on, is ``j``'s contribution.
+  successor on, is ``j``'s contribution;
+* the layers' hyper-parameters (``W_std``, ``b_std``: :mod:`ntbridge.stax.layers`) are the task's
+  arguments, ``{"hyper": graph.hyper_args(dtype)}``, not constants of its program: one program
+  serves every value, and :mod:`ntbridge.gradients` differentiates those given as torch tensors.
 
 Example:
     >>> t, names = task(Analytic("ntk"), ntbridge.convert(model), a1, None, "cpu")
@@ -28,7 +31,7 @@ import jax.numpy as jnp
 
 from .results import Kernels
 from .specs import Analytic
-from .stax import Layer
+from .stax import Layer, with_hyper
 from .stax.covariances import Covariances, evaluate, own_covariances
 from .stax.kernel import input_kernel, swap_perm
 from .tiling import Task
@@ -40,16 +43,19 @@ def perm_of(network: Layer):
     return functools.partial(swap_perm, diagonal_spatial=not network.full_spatial)
 
 
-def kernels(network: Layer, x1, x2, get, covs: tuple[Covariances, Covariances] | None = None):
-    """The kernels ``get`` (a name: an array; a tuple: a :class:`~ntbridge.results.Kernels`)."""
+def kernels(network: Layer, x1, x2, get, covs: tuple[Covariances, Covariances] | None = None,
+            hyper: tuple | None = None):
+    """The kernels ``get`` (a name: an array; a tuple: a :class:`~ntbridge.results.Kernels`) with
+    the layers' hyper-parameters ``hyper`` (None: their own)."""
     names = (get,) if isinstance(get, str) else tuple(get)
-    return Kernels.pick(evaluate(network, x1, x2, names, covs), get)
+    return Kernels.pick(evaluate(network, x1, x2, names, covs, hyper), get)
 
 
 def _own_covariances(network: Layer, args, x: jax.Array) -> Covariances:
     """Each example's covariance with itself at every layer, ``(N, ...)`` leaves, for the examples
-    x ``(N, ...)`` (``args``, the task's arguments, are not needed)."""
-    return jax.vmap(lambda example: own_covariances(network, example, not network.full_spatial))(x)
+    x ``(N, ...)``, with the hyper-parameters of the task's arguments ``args``."""
+    return jax.vmap(lambda example: own_covariances(network, example, not network.full_spatial,
+                                                    args["hyper"]))(x)
 
 
 def program_kind(network: Layer, a1: jax.ShapeDtypeStruct) -> str:
@@ -66,19 +72,20 @@ def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStru
     (``spec.by_layer`` on a chain of modules), else None."""
     graph.check_init()
     network, perm = graph.network, perm_of(graph.network)
+    args = {"hyper": graph.hyper_args(x1.dtype)}
     if spec.by_layer and all(n.inputs == (n.index - 1,) for n in graph.layers):
         owners = tuple(n.index for n in graph.layers if n.param_names)
-        return (Task(("analytic_by_layer", graph.signature, owners), _by_layer_fn(graph, owners),
-                     perm, pairwise=network.pairwise),
+        return (Task(("analytic_by_layer", graph.architecture, owners),
+                     _by_layer_fn(graph, owners), perm, args, pairwise=network.pairwise),
                 tuple(graph.layers[j].name for j in owners))
     get = spec.get
-    fn = lambda args, a1, a2, covs=None: kernels(network, a1, a2, get, covs)
+    fn = lambda args, a1, a2, covs=None: kernels(network, a1, a2, get, covs, args["hyper"])
     blocks = platform == "cpu" and network.pairwise
     power = 2 if network.full_spatial else 1  # pairs of positions, or positions
     pair_bytes = lambda a1: a1.dtype.itemsize * math.prod(a1.shape[2:]) ** power
     own = functools.partial(_own_covariances, network)
-    return Task(("analytic", graph.signature, get, blocks),
-                in_blocks(fn, pair_bytes, perm, own) if blocks else fn, perm,
+    return Task(("analytic", graph.architecture, get, blocks),
+                in_blocks(fn, pair_bytes, perm, own) if blocks else fn, perm, args,
                 pairwise=network.pairwise,
                 exactly_symmetric=lambda a1: blocks and splits(a1, None, pair_bytes),
                 program_kind=functools.partial(program_kind, network)), None
@@ -88,16 +95,16 @@ def _by_layer_fn(graph, owners: tuple[int, ...]):
     """``fn(args, x1, x2) -> (nngp, [contribution of layer j for j in owners])`` (module doc)."""
     layers = tuple(n.layer for n in graph.layers)
 
-    def suffix(k, start):
-        for i, layer in enumerate(layers):
+    def suffix(k, start, hyper):
+        for i, (layer, h) in enumerate(zip(layers, hyper)):
             if i == start:
                 k = k.replace(ntk=jnp.zeros_like(k.ntk))
-            k = layer.kernel_fn(k)
+            k = with_hyper(layer, h)(k)
         return k
 
     def fn(args, x1, x2):
         k0 = input_kernel(x1, x2, compute_ntk=True, diagonal_spatial=not graph.network.full_spatial)
-        parts = [suffix(k0, j) for j in owners]
+        parts = [suffix(k0, j, args["hyper"]) for j in owners]
         sums = [k.ntk for k in parts] + [jnp.zeros_like(parts[0].ntk)]
         return parts[0].nngp, [a - b for a, b in zip(sums, sums[1:])]
 

@@ -59,6 +59,11 @@ class GradientError(NtbridgeError, NotImplementedError):
     """A derivative ntbridge does not compute: a kernel differentiates once (no double backward)."""
 
 
+class DependencyError(NtbridgeError, ImportError):
+    """An optional dependency is missing or outside the versions ntbridge is tested with (e.g.
+    GPyTorch for ``ntbridge.gpytorch``: ``pip install 'ntbridge[gp]'``)."""
+
+
 class ConversionError(NtbridgeError):
     """A model could not be translated (e.g. torch.fx could not trace it)."""
 

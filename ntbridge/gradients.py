@@ -7,9 +7,10 @@ a copy), and the backward is the sum of the tiles' JAX VJPs (:mod:`ntbridge.tili
 compiled on first use and cached like every program. Otherwise nothing changes: no history, no VJP
 program.
 
-Which model parameters count: those of ``task.args`` that are the very JAX arrays the converter made
-from torch parameters requiring grad (``graph.params``): the empirical kernels' parameters. The
-analytic kernels depend on the inputs only.
+Which leaves of ``task.args`` count: the very JAX arrays the converter made from torch parameters
+requiring grad (``graph.params``: the empirical kernels' parameters), and the analytic kernels'
+hyper-parameters (``args["hyper"]``, :meth:`~ntbridge.Graph.hyper_args`) given as torch tensors
+requiring grad (``W_std=``, ``b_std=``).
 
 Example:
     >>> x = torch.randn(8, 3, requires_grad=True)
@@ -35,14 +36,20 @@ from .tiling.backward import vjp
 
 
 def tracked_parameters(task: Task, graph: Graph) -> list[tuple[int, torch.Tensor]]:
-    """``(leaf index in task.args, torch parameter)`` for each leaf of ``task.args`` converted from
-    a torch tensor that requires grad."""
+    """``(leaf index in task.args, torch tensor)`` for each leaf of ``task.args`` converted from
+    a torch tensor that requires grad (see the module doc)."""
     tensors = graph.tensors
+    hyper = graph.hyper_tensors() if isinstance(task.args, dict) and "hyper" in task.args else {}
     found = []
     for n, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(task.args)[0]):
-        key = getattr(path[-1], "key", None) if path else None
-        if key in tensors and tensors[key].requires_grad and leaf is graph.params.get(key):
-            found.append((n, tensors[key]))
+        keys = tuple(getattr(p, "key", getattr(p, "idx", None)) for p in path)
+        if keys[:1] == ("hyper",):
+            tensor = hyper.get(keys[1:])
+        else:
+            key = keys[-1] if keys else None
+            tensor = tensors.get(key) if leaf is graph.params.get(key, ()) else None
+        if tensor is not None and tensor.requires_grad:
+            found.append((n, tensor))
     return found
 
 
@@ -54,7 +61,7 @@ class _Kernel:
     x1: torch.Tensor
     x2: torch.Tensor | None
     opts: Batching
-    tracked: tuple[int, ...]
+    tracked: tuple[tuple[int, torch.Tensor], ...]  # (leaf index in task.args, its torch tensor)
     treedef: Any = None
     tiling: TilingInfo | None = None
 
@@ -65,13 +72,15 @@ class _Kernel:
 
     def backward(self, grads: Sequence[torch.Tensor],
                  needed: Sequence[bool]) -> list[torch.Tensor | None]:
-        """Gradients for ``(x1, x2, *tracked parameters)``, those ``needed``."""
-        tracked = tuple(i for i, want in zip(self.tracked, needed[2:]) if want)
+        """Gradients for ``(x1, x2, *tracked tensors)``, those ``needed``, each shaped, typed and
+        placed like its tensor."""
+        tracked = tuple(i for (i, _), want in zip(self.tracked, needed[2:]) if want)
         with precision(self.x1.dtype):
             d_args, d_x1, d_x2 = vjp(self.task, self.x1, self.x2, self.opts, grads, tracked,
                                      (needed[0], needed[1] and self.x2 is not None))
         by_leaf = dict(zip(tracked, d_args))
-        return [d_x1, d_x2, *[by_leaf.get(i) for i in self.tracked]]
+        like = lambda d, t: None if d is None else d.reshape(t.shape).to(t.device, t.dtype)
+        return [d_x1, d_x2, *[like(by_leaf.get(i), t) for i, t in self.tracked]]
 
 
 def compute(task: Task, inputs: tuple[torch.Tensor, torch.Tensor | None], x1: torch.Tensor,
@@ -94,6 +103,6 @@ def compute(task: Task, inputs: tuple[torch.Tensor, torch.Tensor | None], x1: to
     params = tracked_parameters(task, graph) if torch.is_grad_enabled() and opts.out is None else []
     if not (wanted or params):
         return compute_tiles(task, x1, x2, opts)
-    kernel = _Kernel(task, x1, x2, opts, tuple(n for n, _ in params))
+    kernel = _Kernel(task, x1, x2, opts, tuple(params))
     leaves = Differentiable.apply(kernel, *inputs, *[t for _, t in params])
     return jax.tree.unflatten(kernel.treedef, leaves), kernel.tiling

@@ -177,7 +177,7 @@ ROWS = {
     "w-std-wrong-type": (mlp, lambda m, p: ntbridge.ntk(m, X, W_std="1.0"), errors.InputTypeError,
                          r"W_std must be a non-negative float"),
     "w-std-not-finite": (mlp, lambda m, p: ntbridge.ntk(m, X, b_std=float("nan")),
-                         errors.InputTypeError, r"b_std must be .*all finite, got nan"),
+                         errors.InputError, r"b_std must be finite and non-negative.*got nan"),
     "w-std-unknown-module": (mlp, lambda m, p: ntbridge.ntk(m, X, W_std={"7": 1.0}),
                              errors.InputError, r"W_std names \['7'\].*valid names: \['0', '2'\]"),
     "unknown-option": (mlp, lambda m, p: ntbridge.ntk(m, X, parameterization="mean-field"),

@@ -23,6 +23,14 @@ def _cnn(head: str) -> nn.Sequential:
                          nn.AvgPool2d(2, padding=1), *tail)
 
 
+def _analytic(graph, shape, platform=None):
+    """The analytic task's ``(fn, args)`` for float64 inputs of ``shape`` (call it in x64 mode:
+    its args, the layers' hyper-parameters, are float64 scalars)."""
+    task = analytic.task(Analytic(), graph, jax.ShapeDtypeStruct(shape, jnp.float64), None,
+                         platform)[0]
+    return task.fn, task.args
+
+
 MODELS = {
     "FC": (lambda: nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(),
                                  nn.Linear(16, 2)), (5,)),
@@ -41,12 +49,12 @@ def test_blocks_give_the_kernel_in_one_piece(name, monkeypatch):
     graph = ntbridge.convert(make().double(), parameterization="ntk")
     rng = np.random.default_rng(0)
     x1, x2 = rng.standard_normal((10, *shape)), rng.standard_normal((7, *shape))
-    whole = analytic.task(Analytic(), graph, None, None, None)[0].fn
     pair_bytes = lambda a1: blocks.BLOCK_BYTES // (blocks.LIVE_ARRAYS * 9)  # blocks of 3
-    blocked = jax.jit(blocks.in_blocks(whole, pair_bytes, analytic.perm_of(graph.network)))
     with jax.enable_x64(True):
+        whole, args = _analytic(graph, x1.shape)
+        blocked = jax.jit(blocks.in_blocks(whole, pair_bytes, analytic.perm_of(graph.network)))
         for b in (x2, None):
-            expected, got = whole(None, x1, b), blocked(None, x1, b)
+            expected, got = whole(args, x1, b), blocked(args, x1, b)
             for e, g in zip(expected, got):
                 e, g = np.asarray(e), np.asarray(g)
                 assert g.shape == e.shape
@@ -172,11 +180,11 @@ def test_own_covariances_computed_once_per_tile(make, shape, monkeypatch):
     monkeypatch.setattr(blocks, "block_size", lambda pair_bytes: 3)
     rng = np.random.default_rng(0)
     x1, x2 = rng.standard_normal((10, *shape)), rng.standard_normal((7, *shape))
-    whole = analytic.task(Analytic(), graph, None, None, None)[0].fn
-    blocked = jax.jit(analytic.task(Analytic(), graph, None, None, "cpu")[0].fn)
     with jax.enable_x64(True):
+        whole, args = _analytic(graph, x1.shape)
+        blocked = jax.jit(_analytic(graph, x1.shape, "cpu")[0])
         for b in (x2, None):
-            for e, g in zip(whole(None, x1, b), blocked(None, x1, b)):
+            for e, g in zip(whole(args, x1, b), blocked(args, x1, b)):
                 e, g = np.asarray(e), np.asarray(g)
                 np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12 * np.abs(e).max())
 
@@ -209,16 +217,16 @@ def test_blocks_compute_no_covariances_of_their_own():
     (beta: their covariances at every layer) but for reading their variances; at s = 3 the block
     then costs about a quarter less."""
     graph = ntbridge.convert(_cnn("GAP").double(), parameterization="ntk")
-    fn = analytic.task(Analytic(), graph, None, None, None)[0].fn
     own = jax.vmap(lambda x: covariances.own_covariances(graph.network, x, False))
     rng = np.random.default_rng(0)
 
     def flops(s1, s2, given):
         a, b = (jnp.asarray(rng.standard_normal((n, 2, 8, 8))) for n in (s1, s2))
-        block = lambda a, b, covs: fn(None, a, b, covs if given else None)
-        return jax.jit(block).lower(a, b, (own(a), own(b))).compile().cost_analysis()["flops"]
+        block = lambda args, a, b, covs: fn(args, a, b, covs if given else None)
+        return jax.jit(block).lower(args, a, b, (own(a), own(b))).compile().cost_analysis()["flops"]
 
     with jax.enable_x64(True):
+        fn, args = _analytic(graph, (1, 2, 8, 8))
         terms = {}
         for given in (False, True):
             f = {(s1, s2): flops(s1, s2, given) for s1, s2 in ((2, 2), (2, 3), (3, 3))}

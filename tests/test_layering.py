@@ -19,7 +19,7 @@ LAYERS = [
     ("analytic", "empirical", "gradients"),
     ("pipeline",),
     ("api",),
-    ("dynamics", "predict"),
+    ("dynamics", "predict", "gpytorch"),
     ("analysis", "files", "testing"),
     ("cli",),
     ("__init__",),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import torch
 from torch import nn
 
 from ..dlpack import model_dtype, precision, to_jax
@@ -17,7 +18,7 @@ from ..errors import InputError, InputTypeError
 from . import activations, conv, linear, normalization, pooling, resize, structure  # noqa: F401  (they register their converters)
 from .fx import fx_nodes
 from .graph import Graph, Node, make_node, module_tensors
-from .registry import Options, StdOption, find_converter, register
+from .registry import Options, StdOption, as_float, find_converter, register
 
 __all__ = ["Graph", "Node", "convert", "register"]
 
@@ -70,7 +71,8 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
         warns with ``InitMismatchWarning`` if the weights clearly do not follow it) or ``"infer"``
         (read from the current weights).
       W_std, b_std: explicit standard deviations, a float for every layer or a mapping from
-        qualified module names (as in ``model.named_modules()``) to floats.
+        qualified module names (as in ``model.named_modules()``) to floats; scalar torch tensors
+        work as floats, and the analytic kernels are differentiable in those that require grad.
 
     Example:
         >>> g = ntbridge.convert(nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 1)))
@@ -90,6 +92,14 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     options.check_names([n.name for n in nodes if "W_std" in n.hyper])
     with precision(model_dtype(model)):
         params = {key: to_jax(t, key) for key, t in module_tensors(nodes).items()}
-    signature = (parameterization, tuple(
-        (n.name, _signature_part(n.module), tuple(sorted(n.hyper.items())), n.inputs) for n in nodes))
-    return Graph(nodes, params, signature)
+    return Graph(nodes, params, _signature(parameterization, nodes, True),
+                 _signature(parameterization, nodes, False))
+
+
+def _signature(parameterization: str, nodes: list[Node], values: bool) -> tuple:
+    """What fixes the converted model (see :class:`Graph`), with or without the ``values`` of its
+    layers' declared hyper-parameters."""
+    hyper = lambda n: tuple(sorted((k, as_float(v) if isinstance(v, torch.Tensor) else v)
+                                   for k, v in n.hyper.items() if values or k not in n.layer.hyper))
+    return parameterization, tuple((n.name, _signature_part(n.module), hyper(n), n.inputs)
+                                   for n in nodes)

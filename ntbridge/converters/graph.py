@@ -7,6 +7,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 import torch
 from torch import nn
 
@@ -18,7 +19,7 @@ from ..stax import INPUT, Layer, dag
 from ..stax.covariances import evaluate
 from ..stax.kernel import swap_perm
 from ..tiling.arrays import symmetrize
-from .registry import Context, Options, find_converter, init_mismatch, supported_types
+from .registry import Context, Options, as_float, find_converter, init_mismatch, supported_types
 
 Params = dict[str, jax.Array]
 
@@ -40,8 +41,8 @@ class Node:
     def __repr__(self) -> str:
         """``(name): Module(...)`` and its hyper-parameters, e.g.
         ``(0): Linear(in_features=3, out_features=8, bias=True) W_std=0.577 b_std=0.333``."""
-        hyper = "".join(f" {k}={v:.3g}" if isinstance(v, float) else f" {k}={v!r}"
-                        for k, v in self.hyper.items() if v is not None)
+        hyper = "".join(f" {k}={as_float(v):.3g}" if isinstance(v, (float, torch.Tensor))
+                        else f" {k}={v!r}" for k, v in self.hyper.items() if v is not None)
         return f"({self.name}): {self.module!r}{hyper}"
 
     @property
@@ -106,9 +107,9 @@ def _located(layer: Layer, where: str) -> Layer:
     """The same layer, whose errors name the module they come from."""
 
     def wrap(fn):
-        def located(*args):
+        def located(*args, **kwargs):
             try:
-                return fn(*args)
+                return fn(*args, **kwargs)
             except NtbridgeError as e:
                 raise type(e)(f"{where}: {e}") from None
         return located
@@ -136,6 +137,15 @@ def _warn_init_mismatch(nodes: tuple[Node, ...]) -> None:
             tuple(found)))
 
 
+def _hyper_values(node: Node):
+    """The values of ``node``'s declared hyper-parameters: the converter's (``node.hyper``) where
+    it states them, else the layer's own."""
+    declared = node.layer.hyper
+    if not isinstance(declared, dict):
+        return declared
+    return {name: node.hyper.get(name, value) for name, value in declared.items()}
+
+
 class Graph:
     """A converted model. Params are a flat dict keyed like ``model.named_parameters()``.
 
@@ -143,6 +153,10 @@ class Graph:
       layers: the :class:`Node` of each leaf module, in order.
       params: JAX arrays sharing memory with the torch weights where the layout allows it.
       signature: a hashable description of the architecture and hyper-parameters.
+      architecture: the signature without the values of the layers' declared hyper-parameters
+        (``Layer.hyper``), which the analytic programs take as arguments (:meth:`hyper_args`).
+      hyper: per layer, its declared hyper-parameters' values, ``{name: float or torch tensor}``
+        (explicit ``W_std``/``b_std`` tensors as the user gave them).
 
     Example:
         >>> g = ntbridge.convert(nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 1)))
@@ -160,10 +174,11 @@ class Graph:
 
     path = "layers"  # how the empirical kernels name this route (vs "torch.export")
 
-    def __init__(self, nodes: list[Node], params: Params, signature: tuple):
+    def __init__(self, nodes: list[Node], params: Params, signature: tuple, architecture: tuple):
         self.layers = tuple(nodes)
         self.params = params
-        self.signature = signature
+        self.signature, self.architecture = signature, architecture
+        self.hyper = tuple(_hyper_values(n) for n in nodes)
         self.network = dag([_located(n.layer, n.where) for n in nodes], [n.inputs for n in nodes])
         layout = tuple(tuple((p, n.key(p)) for p in n.param_names) for n in nodes)
         self.apply_fn = functools.partial(_apply, self.network, layout)
@@ -178,6 +193,16 @@ class Graph:
         lines = [f"  {n!r}" + ("" if n.inputs == (n.index - 1,) else f" <- {names(n.inputs)}")
                  for n in self.layers]
         return "\n".join(["Graph(", *lines, ")"])
+
+    def hyper_args(self, dtype) -> tuple:
+        """:attr:`hyper` as JAX scalars of ``dtype``: the hyper-parameters argument of the
+        network's ``kernel_fn`` (see :mod:`ntbridge.stax.layers`)."""
+        return jax.tree.map(lambda v: jnp.asarray(as_float(v), dtype), self.hyper)
+
+    def hyper_tensors(self) -> dict[tuple[int, str], torch.Tensor]:
+        """The torch tensors among :attr:`hyper`, keyed by ``(layer index, name)``."""
+        return {(i, name): v for i, values in enumerate(self.hyper) if isinstance(values, dict)
+                for name, v in values.items() if isinstance(v, torch.Tensor)}
 
     @property
     def parameter_names(self) -> frozenset[str]:
@@ -220,9 +245,10 @@ class Graph:
         self.check_init()
 
         names = (get,) if isinstance(get, str) else tuple(get)
-        key = programs.ProgramKey.of("kernel_fn", (self.signature, names), (x1, x2))
-        out = programs.cached(key, lambda: jax.jit(functools.partial(evaluate, self.network),
-                                                   static_argnums=2))(x1, x2, names)
+        hyper = self.hyper_args(x1.dtype)
+        key = programs.ProgramKey.of("kernel_fn", (self.architecture, names), (x1, x2, hyper))
+        run = lambda x1, x2, hyper: evaluate(self.network, x1, x2, names, None, hyper)
+        out = programs.cached(key, lambda: jax.jit(run))(x1, x2, hyper)
         diagonal = not self.network.full_spatial
         sym = lambda a: a if x2 is not None else symmetrize(a, swap_perm(a.ndim, diagonal))
         return Kernels.pick(jax.tree.map(sym, out), get)  # op by op, so exactly symmetric

@@ -53,16 +53,33 @@ def supported_types() -> tuple[str, ...]:
                         if not cls.__module__.startswith("ntbridge.")))
 
 
-StdOption = float | Mapping[str, float] | None
+Std = float | torch.Tensor  # a scalar tensor may require grad: the analytic kernels carry it
+StdOption = Std | Mapping[str, Std] | None
+
+
+def as_float(v: Std) -> float:
+    """A standard deviation's value (a tensor's detached)."""
+    return float(v.detach() if isinstance(v, torch.Tensor) else v)
 
 
 def _check_std(value: StdOption, arg: str) -> None:
-    values = value.values() if isinstance(value, Mapping) else [value]
-    for v in values:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real)
-                              or not 0 <= v < math.inf):
-            raise InputTypeError(f"{arg} must be a non-negative float or a mapping from qualified "
-                                 f"module names to floats, all finite, got {value!r}.")
+    """InputTypeError unless every value is a real number or a one-element floating tensor,
+    InputError unless it is finite and non-negative."""
+    items = value.items() if isinstance(value, Mapping) else [(None, value)]
+    for name, v in items:
+        where = arg if name is None else f"{arg}[{name!r}]"
+        if isinstance(v, torch.Tensor) and (v.numel() != 1 or not v.dtype.is_floating_point):
+            raise InputTypeError(f"{where} is a tensor of shape {tuple(v.shape)} and dtype "
+                                 f"{v.dtype}; pass a floating-point scalar, e.g. "
+                                 f"torch.tensor(1.0, requires_grad=True).")
+        if not isinstance(v, (torch.Tensor, numbers.Real, type(None))) or isinstance(v, bool):
+            raise InputTypeError(f"{arg} must be a non-negative float or scalar tensor, or a "
+                                 f"mapping from qualified module names to those, all finite, got "
+                                 f"{value!r}.")
+        if v is not None and not 0 <= as_float(v) < math.inf:
+            raise InputError(f"{where} must be finite and non-negative (a standard deviation), "
+                             f"got {as_float(v)}; to fit it, optimise an unconstrained value "
+                             f"mapped through e.g. torch.nn.functional.softplus or exp.")
 
 
 @dataclasses.dataclass
@@ -84,7 +101,7 @@ class Options:
         _check_std(self.W_std, "W_std")
         _check_std(self.b_std, "b_std")
 
-    def explicit(self, option: StdOption, name: str) -> float | None:
+    def explicit(self, option: StdOption, name: str) -> Std | None:
         if isinstance(option, Mapping):
             if name in option:
                 self.used_names.add(name)
@@ -120,7 +137,9 @@ class Context:
         ``init="torch"``: torch's default init of Linear/ConvNd, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``
         for weight and bias, i.e. ``W_std = 1/sqrt(3)``, ``b_std = 1/sqrt(3 fan_in)``.
         ``init="infer"``: ``W_std**2 = fan_in * mean(W**2)``, ``b_std**2 = mean(b**2)``.
-        Explicit ``W_std``/``b_std`` override either; parameters are then drawn Gaussian.
+        Explicit ``W_std``/``b_std`` override either; parameters are then drawn Gaussian. An
+        explicit torch tensor is kept in ``hyper`` as it is (the analytic kernels take it as an
+        argument of their program and differentiate it); the layer is built with its value.
         ``init_fn`` samples from the distribution stated by ``distribution``: torch's uniform for
         ``init="torch"``, a Gaussian of the inferred or explicit variances otherwise. With
         ``init="torch"``, the weights (and bias) not given explicitly are recorded for
@@ -133,15 +152,16 @@ class Context:
             W_std = (fan_in * weight.detach().double().pow(2).mean()).sqrt().item()
             b_std = None if bias is None else bias.detach().double().pow(2).mean().sqrt().item()
         W_exp, b_exp = o.explicit(o.W_std, self.name), o.explicit(o.b_std, self.name)
-        W_std = W_std if W_exp is None else float(W_exp)
-        b_std = None if bias is None else (b_std if b_exp is None else float(b_exp))
+        W_std = W_std if W_exp is None else W_exp
+        b_std = None if bias is None else (b_std if b_exp is None else b_exp)
         explicit = W_exp is not None or b_exp is not None
         if o.init == "torch":
             self.init_checks = tuple((label, t, fan_in) for label, t, exp in
                                      (("weight", weight, W_exp), ("bias", bias, b_exp))
                                      if t is not None and exp is None)
         self.hyper = {"W_std": W_std, "b_std": b_std}
-        return dict(W_std=W_std, b_std=b_std, parameterization=o.parameterization,
+        number = lambda v: None if v is None else as_float(v)
+        return dict(W_std=number(W_std), b_std=number(b_std), parameterization=o.parameterization,
                     distribution="uniform" if o.init == "torch" and not explicit else "normal")
 
 

@@ -10,7 +10,7 @@ from .combinators import INPUT, FanInConcat, FanInSum, FanOut, Scale, dag, paral
 from .conv import Conv
 from .dropout import Dropout
 from .kernel import Kernel, input_kernel
-from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer
+from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer, with_hyper
 from .normalization import BatchNorm, ChannelMoments, LayerNorm
 from .piecewise import Piece, Pieces
 from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, MaxPool
@@ -24,4 +24,5 @@ __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "AvgPool", "Ba
            "Layer", "LayerNorm", "LeakyRelu", "MaxPool", "Numerical", "Outer", "Piece", "Pieces",
            "PARAMETERIZATIONS", "PixelShuffle", "PixelUnshuffle", "RectifiedMonomial", "Relu",
            "Scale", "Sign", "Sin", "Unflatten", "Upsample",
-           "ab_relu_rule", "dag", "elementwise", "input_kernel", "parallel", "serial"]
+           "ab_relu_rule", "dag", "elementwise", "input_kernel", "parallel", "serial",
+           "with_hyper"]

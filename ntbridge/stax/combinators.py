@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel
-from .layers import Layer
+from .layers import Layer, with_hyper
 
 INPUT = -1  # in ``dag``, the index that stands for the network's input
 
@@ -35,9 +35,12 @@ def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
     input), all earlier than ``i``; a layer with several inputs (e.g. a residual sum) receives a
     tuple. The last layer's output is the network's output.
 
-    Its ``kernel_fn(k, after=None)`` takes an optional ``after(i, kernels)``, called with the
-    input kernel ``k`` (``i = INPUT``) and with each layer's output (a :class:`Kernel`, or a tuple
-    of them): what it returns replaces them, e.g. to record or substitute intermediate kernels.
+    Its ``kernel_fn(k, hyper=None, after=None)`` takes the layers' hyper-parameters (a tuple like
+    its ``hyper``, one entry per layer; None: the layers' own values, see
+    :func:`~ntbridge.stax.layers.with_hyper`) and an optional ``after(i, kernels)``, called with
+    the input kernel ``k`` (``i = INPUT``) and with each layer's output (a :class:`Kernel`, or a
+    tuple of them): what it returns replaces them, e.g. to record or substitute intermediate
+    kernels.
 
     Example:
         >>> residual = dag([Dense(8, 8, W_std=1., b_std=0.), Relu(), FanInSum()], [(INPUT,), (0,), (1, INPUT)])
@@ -67,11 +70,13 @@ def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
         return _run([lambda v, l=layer, p=p: l.apply_fn(p, v) for layer, p in zip(layers, params)],
                     inputs, x)
 
-    def kernel_fn(k: Kernel, after: After | None = None) -> Kernel:
-        return _run([layer.kernel_fn for layer in layers], inputs, k, after)
+    def kernel_fn(k: Kernel, hyper: tuple | None = None, after: After | None = None) -> Kernel:
+        hyper = (None,) * len(layers) if hyper is None else hyper
+        return _run([with_hyper(layer, h) for layer, h in zip(layers, hyper)], inputs, k, after)
 
     return Layer(init_fn, apply_fn, kernel_fn, any(layer.full_spatial for layer in layers),
-                 pairwise=all(layer.pairwise for layer in layers))
+                 pairwise=all(layer.pairwise for layer in layers),
+                 hyper=tuple(layer.hyper for layer in layers))
 
 
 def serial(*layers: Layer) -> Layer:
@@ -108,11 +113,13 @@ def parallel(*layers: Layer) -> Layer:
     def apply_fn(params, xs):
         return tuple(layer.apply_fn(p, x) for layer, p, x in zip(layers, params, xs))
 
-    def kernel_fn(ks):
-        return tuple(layer.kernel_fn(k) for layer, k in zip(layers, ks))
+    def kernel_fn(ks, hyper: tuple | None = None):
+        hyper = (None,) * len(layers) if hyper is None else hyper
+        return tuple(with_hyper(layer, h)(k) for layer, h, k in zip(layers, hyper, ks))
 
     return Layer(init_fn, apply_fn, kernel_fn, any(layer.full_spatial for layer in layers),
-                 pairwise=all(layer.pairwise for layer in layers))
+                 pairwise=all(layer.pairwise for layer in layers),
+                 hyper=tuple(layer.hyper for layer in layers))
 
 
 def _same_shapes(shapes, skip_axis: int | None = None) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import InputError, ShapeError
 from .kernel import Kernel, map_arrays, spatial_axes
-from .layers import Layer, Outer, _sample, affine_ntk
+from .layers import Layer, Outer, _sample, affine_hyper, affine_ntk
 
 # torch padding_mode -> jnp.pad mode
 PADDING_MODES = {"zeros": "constant", "circular": "wrap", "reflect": "reflect", "replicate": "edge"}
@@ -192,7 +192,7 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
         raise InputError(f"padding='same' needs stride 1, got stride {stride}.")
     pads, mode = conv_padding(padding, kernel_size, dilation), PADDING_MODES[padding_mode]
     fan_in = in_channels // groups * math.prod(kernel_size)
-    has_bias = b_std is not None
+    has_bias, hyper = b_std is not None, affine_hyper(W_std, b_std)
 
     def out_spatial(spatial):
         return tuple(window_count(*dims) for dims in zip(spatial, kernel_size, stride, dilation, pads))
@@ -227,9 +227,10 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
             a = window_reduce(a, axes, *dims, mode, jnp.add) / dims[0]
         return a
 
-    def kernel_fn(k: Kernel) -> Kernel:
+    def kernel_fn(k: Kernel, hyper: dict = hyper) -> Kernel:
         k = map_arrays(k, lambda a, n: patch_mean(a, n, k.diagonal_spatial))
-        return affine_output(k, W_std, b_std, fan_in, parameterization, out_channels, out_spatial)
+        return affine_output(k, hyper["W_std"], hyper.get("b_std"), fan_in, parameterization,
+                             out_channels, out_spatial)
 
     def structure(params, x):
         # weight[o, c, j] sees patch (j, c) at every output position p (K = kernel offsets x
@@ -253,4 +254,4 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
         outer = {"weight": Outer(patches.reshape(n, groups * positions, -1), group_rows)}
         return {**outer, "bias": Outer(None, rows)} if has_bias else outer
 
-    return Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True)
+    return Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True, hyper=hyper)

@@ -25,11 +25,13 @@ def _is_kernel(value: Any) -> bool:
     return isinstance(value, Kernel)
 
 
-def own_covariances(network: Layer, x: jax.Array, diagonal_spatial: bool) -> Covariances:
+def own_covariances(network: Layer, x: jax.Array, diagonal_spatial: bool,
+                    hyper: tuple | None = None) -> Covariances:
     """The covariance of one example ``x`` ``(C, *S)`` (or ``(features,)``) with itself at the
-    inputs and after every layer of the ``dag`` ``network``: ``{i: cov}``, ``cov`` shaped like a
-    Kernel's ``cov1`` without its batch axis (a tuple of them for a layer with several outputs).
-    No NTK is computed: no covariance depends on it.
+    inputs and after every layer of the ``dag`` ``network`` (its layers' hyper-parameters
+    ``hyper``, None for their own): ``{i: cov}``, ``cov`` shaped like a Kernel's ``cov1`` without
+    its batch axis (a tuple of them for a layer with several outputs). No NTK is computed: no
+    covariance depends on it.
 
     Example:
         >>> net = serial(Dense(3, 4, W_std=1., b_std=0.), Relu())
@@ -43,7 +45,7 @@ def own_covariances(network: Layer, x: jax.Array, diagonal_spatial: bool) -> Cov
         return out
 
     k = input_kernel(x[None], None, compute_ntk=False, diagonal_spatial=diagonal_spatial)
-    network.kernel_fn(k, after=record)
+    network.kernel_fn(k, hyper, after=record)
     return covs
 
 
@@ -66,11 +68,12 @@ def with_covariances(covs1: Covariances, covs2: Covariances) -> After:
 
 
 def evaluate(network: Layer, x1: jax.Array, x2: jax.Array | None, names: tuple[str, ...],
-             covs: tuple[Covariances, Covariances] | None = None) -> dict[str, jax.Array]:
+             covs: tuple[Covariances, Covariances] | None = None,
+             hyper: tuple | None = None) -> dict[str, jax.Array]:
     """The kernels ``names`` (``"nngp"``, ``"ntk"``) of the ``dag`` network's outputs for inputs
     x1 ``(N1, ...)`` and x2 ``(N2, ...)`` (None: x1 with itself); ``covs``: the examples' own
     covariances at every layer (:func:`own_covariances` of the x1 and of the x2 examples, stacked),
-    used instead of computing them.
+    used instead of computing them; ``hyper``: the layers' hyper-parameters (None: their own).
 
     Example:
         >>> evaluate(serial(Dense(3, 4, W_std=1., b_std=0.), Relu()), jnp.ones((5, 3)), None,
@@ -78,5 +81,5 @@ def evaluate(network: Layer, x1: jax.Array, x2: jax.Array | None, names: tuple[s
         (5, 5)
     """
     k = input_kernel(x1, x2, compute_ntk="ntk" in names, diagonal_spatial=not network.full_spatial)
-    k = network.kernel_fn(k, after=None if covs is None else with_covariances(*covs))
+    k = network.kernel_fn(k, hyper, after=None if covs is None else with_covariances(*covs))
     return {name: getattr(k, name) for name in names}

@@ -16,6 +16,23 @@ A layer is a tiny stax triple plus what it requires of its input kernel:
 * ``pairwise``: the kernel of each pair of examples depends on that pair alone, not on whether x2
   is x1 (all but training-mode Dropout), so a kernel of x1 with itself can be computed in tiles
   and blocks of examples.
+* ``hyper``: the layer's hyper-parameters, the numbers its ``kernel_fn`` reads that a user may
+  want to differentiate or fit (the affine layers' ``W_std`` and ``b_std``): a dict from name to
+  float, the values the layer was built with (combinators: a tuple, one entry per layer).
+
+How a layer declares hyper-parameters: it lists them with their values in ``hyper`` and takes
+them as the second argument of its ``kernel_fn``, defaulting to those values::
+
+    hyper = {"W_std": W_std}
+    def kernel_fn(k, hyper=hyper):
+        return k.replace(nngp=hyper["W_std"] ** 2 * k.nngp, ...)
+    return Layer(init_fn, apply_fn, kernel_fn, hyper=hyper)
+
+The analytic programs pass them in as arguments (JAX scalars, perhaps traced: use them in
+arithmetic only, never in Python control flow or shapes), so one compiled program serves every
+value and the kernels are differentiable in them. A layer without hyper-parameters leaves
+``hyper`` empty and keeps ``kernel_fn(k)``; combinators call a layer through :func:`with_hyper`.
+``init_fn`` samples with the built-in values.
 """
 
 from __future__ import annotations
@@ -58,6 +75,25 @@ class Layer(NamedTuple):
     structure: Callable[[Any, jax.Array], dict[str, Outer]] | None = None
     affine: bool = False
     pairwise: bool = True
+    hyper: Any = {}
+
+
+def with_hyper(layer: Layer, hyper: Any = None) -> Callable[[Kernel], Kernel]:
+    """``layer.kernel_fn`` with its hyper-parameters set to ``hyper`` (a pytree like
+    ``layer.hyper``, leaves floats or JAX scalars; None: the layer's own values).
+
+    Example:
+        >>> dense = Dense(3, 8, W_std=1.0, b_std=0.1)
+        >>> k = with_hyper(dense, {"W_std": jnp.float32(2.0), "b_std": 0.0})(k_in)
+    """
+    if hyper is None or not layer.hyper:
+        return layer.kernel_fn
+    return lambda k: layer.kernel_fn(k, hyper)
+
+
+def affine_hyper(W_std: float, b_std: float | None) -> dict[str, float]:
+    """The hyper-parameters of an affine layer: ``W_std``, and ``b_std`` when it has a bias."""
+    return {"W_std": W_std} if b_std is None else {"W_std": W_std, "b_std": b_std}
 
 
 def without_kernel(layer: Layer, message: str) -> Layer:
@@ -109,7 +145,7 @@ def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | N
         >>> layer.apply_fn(params, jnp.ones((5, 3))).shape
         (5, 8)
     """
-    has_bias = b_std is not None
+    has_bias, hyper = b_std is not None, affine_hyper(W_std, b_std)
 
     def init_fn(key, input_shape):
         if len(input_shape) < 2 or input_shape[-1] != in_features:
@@ -126,17 +162,18 @@ def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | N
         y = jnp.matmul(x, params["weight"].T, precision=jax.lax.Precision.HIGHEST)
         return y + params["bias"] if has_bias else y
 
-    def kernel_fn(k):
+    def kernel_fn(k, hyper=hyper):
         if len(k.shape1) != 2:
             raise UnsupportedLayerError(
                 f"Linear on inputs of shape {k.shape1} has no kernel rule here: the analytic "
                 f"kernel needs (N, features) inputs (add nn.Flatten() before it).")
-        b_var = b_std ** 2 if has_bias else 0.0
-        affine = lambda c: W_std ** 2 * c + b_var
+        W = hyper["W_std"]
+        b_var = hyper["b_std"] ** 2 if has_bias else 0.0
+        affine = lambda c: W ** 2 * c + b_var
         nngp = affine(k.nngp)
         return k.replace(
             nngp=nngp, cov1=affine(k.cov1), cov2=affine(k.cov2),
-            ntk=affine_ntk(k, nngp, in_features, W_std, has_bias, parameterization),
+            ntk=affine_ntk(k, nngp, in_features, W, has_bias, parameterization),
             shape1=(k.shape1[0], out_features), shape2=(k.shape2[0], out_features),
             is_gaussian=True)
 
@@ -145,7 +182,7 @@ def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | N
         outer = {"weight": Outer(rows(x), rows)}
         return {**outer, "bias": Outer(None, rows)} if has_bias else outer
 
-    return Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True)
+    return Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True, hyper=hyper)
 
 
 def Identity() -> Layer:

@@ -32,7 +32,7 @@ from ..errors import InputError
 from .conv import (affine_output, as_tuple, conv_init_fn, contract, window_matrix,
                    window_reduce)
 from .kernel import Kernel, map_arrays, spatial_axes
-from .layers import Layer
+from .layers import Layer, affine_hyper
 
 
 def transpose_pads(size: int, padding: int, output_padding: int, dilation: int) -> tuple[int, int]:
@@ -102,7 +102,7 @@ def ConvTranspose(in_channels: int, out_channels: int, kernel_size: Sequence[int
     fan_in = out_channels // groups * math.prod(kernel_size)
     # sigma_w**2 * (in / groups) = W_std**2 * taps_factor / prod(kernel_size): see the module doc
     taps_factor = in_channels / out_channels
-    has_bias = b_std is not None
+    has_bias, hyper = b_std is not None, affine_hyper(W_std, b_std)
 
     def out_spatial(spatial):
         return tuple((n - 1) * s + lo + hi + 1 - d * (k - 1)
@@ -142,8 +142,9 @@ def ConvTranspose(in_channels: int, out_channels: int, kernel_size: Sequence[int
             a = window_reduce(a, axes, k, 1, dil, (0, 0), "constant", jnp.add) / k
         return taps_factor * a
 
-    def kernel_fn(k: Kernel) -> Kernel:
+    def kernel_fn(k: Kernel, hyper: dict = hyper) -> Kernel:
         k = map_arrays(k, lambda a, n: tap_mean(a, n, k.diagonal_spatial))
-        return affine_output(k, W_std, b_std, fan_in, parameterization, out_channels, out_spatial)
+        return affine_output(k, hyper["W_std"], hyper.get("b_std"), fan_in, parameterization,
+                             out_channels, out_spatial)
 
-    return Layer(init_fn, apply_fn, kernel_fn, affine=True)
+    return Layer(init_fn, apply_fn, kernel_fn, affine=True, hyper=hyper)
