@@ -206,11 +206,11 @@ def test_sums_and_concats_map_to_fan_in_modules():
 
 @pytest.mark.parametrize("fn,operation,message", [
     (lambda x: torch.add(x, 1, alpha=2), "torch.add", "addition of constants"),
-    (lambda x: x * x, "operator.mul", "product of two tensors"),
+    (lambda x: x / x, "operator.truediv", "quotient of two tensors"),
     (lambda x: torch.flatten(x), "torch.flatten", "mixes the examples"),
     (lambda x: x.view(-1, 4), "Tensor.view", "flatten each"),
     (torch.log, "torch.log", "'log' has no equivalent module.*register"),
-    (lambda x: x[:, :2], "operator.getitem", "'getitem' has no equivalent"),
+    (lambda x: x[:, None], "operator.getitem", "index None: only constant ints"),
     (lambda x: torch.sigmoid(x, out=None), "torch.sigmoid", "unsupported arguments"),
 ])
 def test_unsupported_functional_calls_are_named(fn, operation, message):
@@ -245,7 +245,7 @@ def test_kernel_errors_of_functional_calls_name_the_users_module():
     assert [n.where for n in graph.layers][-2:] == [
         "torch.relu in module '1.2' (Residual)", "operator.add in module '1.2' (Residual)"]
     with pytest.raises(errors.UnsupportedLayerError, match=r"^operator\.add in module '1\.2' \(Residual\): "
-                                                           r"the summed branches .* may be correlated"):
+                                                           r"the branches .* may be correlated"):
         ntbridge.ntk(model, torch.randn(2, 3))
 
 
@@ -339,7 +339,7 @@ def test_untraceable_models_and_forms_fx_cannot_convert():
         def forward(self, x):
             return x * self.scale
 
-    with pytest.raises(errors.UnsupportedLayerError, match="uses the tensor 'scale' directly"):
+    with pytest.raises(errors.UnsupportedLayerError, match="uses the parameter 'scale' directly"):
         ntbridge.convert(RawParameter())
 
     class TwoArguments(nn.Module):

@@ -15,7 +15,8 @@ from torch import nn
 
 from ..dlpack import model_dtype, precision, to_jax
 from ..errors import InputError, InputTypeError
-from . import activations, conv, linear, normalization, pooling, resize, structure  # noqa: F401  (they register their converters)
+from . import (activations, conv, graph_ops, indexing, linear, normalization, pooling,  # noqa: F401
+               products, resize, structure)  # (they register their converters)
 from .fx import fx_nodes
 from .graph import Graph, Node, make_node, module_tensors
 from .registry import Options, StdOption, as_float, find_converter, register

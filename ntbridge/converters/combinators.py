@@ -1,6 +1,7 @@
 """Modules standing for the combinations of a traced ``forward`` (:mod:`.fx`): sums, concatenations
 and scalings by constants, with their converters. A sum's rule refuses to run when its branches
-may be correlated (``Add.correlated`` says why); its forward pass and empirical kernels still work.
+may be correlated (``Add.correlated`` says why), a concatenation's along positions too; their
+forward passes and empirical kernels still work.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 from .. import stax
+from ..errors import UnsupportedLayerError
 from ..stax.layers import without_kernel
 from .registry import Context, register
 
@@ -28,17 +30,17 @@ class Add(nn.Module):
 
 
 class Concat(nn.Module):
-    """``torch.cat(xs, dim)``."""
+    """``torch.cat(xs, dim)``; ``correlated`` says why the branches may be correlated."""
 
-    def __init__(self, dim: int = 1):
+    def __init__(self, dim: int = 1, correlated: str = ""):
         super().__init__()
-        self.dim = dim
+        self.dim, self.correlated = dim, correlated
 
     def forward(self, *xs: torch.Tensor) -> torch.Tensor:
         return torch.cat(xs, self.dim)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}"
+        return f"dim={self.dim}" + (f", correlated={self.correlated!r}" if self.correlated else "")
 
 
 class Scale(nn.Module):
@@ -69,7 +71,29 @@ def _add_layer(module: Add, ctx: Context) -> stax.Layer:
 
 @register(Concat)
 def _concat_layer(module: Concat, ctx: Context) -> stax.Layer:
-    return stax.FanInConcat(module.dim)
+    return along_positions_if_uncorrelated(stax.FanInConcat(module.dim), module.dim,
+                                           module.correlated)
+
+
+def along_positions_if_uncorrelated(layer: stax.Layer, dim: int, correlated: str,
+                                    stacked: bool = False) -> stax.Layer:
+    """``layer`` joining branches along ``dim`` (a new axis if ``stacked``), whose kernel rule
+    refuses ``correlated`` branches when they are joined along positions in the full layout:
+    their cross-covariances fill it, and are only known (zero) for uncorrelated branches. The
+    channel average, and the diagonal layout's same-position covariances, need none."""
+    if not correlated:
+        return layer
+
+    def kernel_fn(ks):
+        if dim % (len(ks[0].shape1) + stacked) >= 2 and not ks[0].diagonal_spatial:
+            raise UnsupportedLayerError(
+                f"{correlated}, and {'stacked' if stacked else 'concatenated'} along positions "
+                f"their cross-covariances enter the kernel, known only for uncorrelated branches "
+                f"(each ending in a Linear/Conv layer the others do not depend on). Join them "
+                f"along the channels, or use ntbridge.empirical_ntk / ntbridge.monte_carlo.")
+        return layer.kernel_fn(ks)
+
+    return layer._replace(kernel_fn=kernel_fn)
 
 
 @register(Scale)

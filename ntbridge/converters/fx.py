@@ -7,12 +7,15 @@ instance (``F.gelu(x, approximate=a)`` -> ``nn.GELU(a)`` as every activation's f
 method forms, :mod:`.functional`;
 ``x.view(x.size(0), -1)`` -> ``nn.Flatten()``, ``F.interpolate`` -> ``nn.Upsample``...), so that
 each module type has one converter; ``+``/``torch.add`` become :class:`~.combinators.Add`,
-``torch.cat`` :class:`~.combinators.Concat`, and multiplication or division by a constant
-:class:`~.combinators.Scale`.
+``torch.cat`` :class:`~.combinators.Concat`, multiplication or division by a constant
+:class:`~.combinators.Scale`, the product of two tensors :class:`~.products.Multiply`; indexing,
+reductions and stacks are :mod:`.indexing`'s, ``h @ M`` with a buffer ``M`` :mod:`.graph_ops`'
+(values computed from the model's buffers alone, ``self.adjacency.T``, are computed once here).
 
-The kernel of a sum is the sum of the branches' kernels only when the branches are uncorrelated;
-:func:`correlated` works out from the graph when that is not so (e.g. ``h + relu(h)``), and the
-sum's kernel rule then refuses to run (its forward pass and empirical kernels still work).
+The kernel of a sum (of a concatenation along positions) is exact only when the branches are
+uncorrelated, that of a product when the factors are independent; :mod:`.independence` works out
+from the graph when that is not so (``h + relu(h)``, ``h * h``), and the rule then refuses to run
+(the forward pass and empirical kernels still work).
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ from torch import fx, nn
 
 from ..errors import ConversionError, UnsupportedLayerError
 from ..stax import INPUT
+from . import graph_ops, indexing
 from .combinators import Add, Concat, Scale
 from .elementwise import Elementwise, step_of
 from .functional import FUNCTIONS, METHOD_FORMS, module_of
-from .families import AVG_POOLS, CONVS, DROPOUTS, RESIZES
 from .graph import Node, make_node
+from .independence import correlated, dependent
+from .indexing import Stack
+from .products import Multiply
 from .registry import Options
 from .tracing import describe, trace
 
@@ -90,11 +96,15 @@ def _interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=
 
 def _scale(x, c, divide: bool = False) -> nn.Module:
     if isinstance(x, fx.Node) and isinstance(c, fx.Node):
-        raise UnsupportedLayerError("the product of two tensors has no kernel rule here; only "
-                                    "multiplication or division by a constant number is supported.")
+        if divide:
+            raise UnsupportedLayerError("the quotient of two tensors has no kernel rule; only "
+                                        "division by a constant number is supported.")
+        return Multiply()
     c = c if isinstance(x, fx.Node) else x
     if not isinstance(c, (int, float)) or isinstance(c, bool):
-        raise UnsupportedLayerError(f"multiplication by {c!r}: only constant numbers are supported.")
+        what = f"a constant tensor of shape {tuple(c.shape)}" if isinstance(c, torch.Tensor) else repr(c)
+        raise UnsupportedLayerError(f"multiplication by {what}: only constant numbers (or another "
+                                    f"tensor computed by the model) are supported.")
     return Scale(1 / c if divide else float(c))
 
 
@@ -117,9 +127,13 @@ UNARY: dict = {
 }
 BINARY: dict = {operator.add: _add, torch.add: _add}
 METHODS: dict = {
-    "flatten": _flatten, "view": _view, "reshape": _view, "mul": _scale,
+    "flatten": _flatten, "view": _view, "reshape": _view,
     "div": lambda x, c: _scale(x, c, divide=True),
 }
+BINARY_METHODS: dict = {"add": _add, "mul": _scale}
+OTHER_FUNCTIONS = {**indexing.FUNCTIONS, **graph_ops.FUNCTIONS}  # -> (module, input nodes)
+OTHER_METHODS = {**indexing.METHODS, **graph_ops.METHODS}
+
 CONCATS = (torch.cat, torch.concat, torch.concatenate)
 
 
@@ -127,15 +141,21 @@ def _concat(tensors, dim=0, *, axis=None) -> nn.Module:
     return Concat(dim if axis is None else axis)
 
 
-def equivalent(node: fx.Node) -> tuple[nn.Module, list]:
-    """The module instance computing fx node ``node``, and the fx nodes it takes as inputs."""
-    args, kwargs = node.args, node.kwargs
+def equivalent(node: fx.Node, constants: dict | None = None) -> tuple[nn.Module, list]:
+    """The module instance computing fx node ``node``, and the fx nodes it takes as inputs;
+    ``constants``: the values of the nodes computed from the model's buffers alone."""
+    constants = constants or {}
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: constants.get(a, a))
+    other = (OTHER_FUNCTIONS if node.op == "call_function" else OTHER_METHODS).get(node.target)
+    if other is not None:
+        return other(*args, **kwargs)
     if ((node.op == "call_function" and node.target in FUNCTIONS)
             or (node.op == "call_method" and node.target in METHOD_FORMS)):
         module, x = module_of(node.target, args, kwargs)
         return module, [x]
-    if node.op == "call_method" and node.target == "add":
-        return _add(*args, **kwargs), list(args)
+    if node.op == "call_method" and node.target in BINARY_METHODS:
+        module = BINARY_METHODS[node.target](*args, **kwargs)
+        return module, [a for a in args if isinstance(a, fx.Node)]
     if node.op == "call_method" and node.target in METHODS:
         return METHODS[node.target](*args, **kwargs), [args[0]]
     if node.op == "call_function" and node.target in BINARY:
@@ -146,46 +166,13 @@ def equivalent(node: fx.Node) -> tuple[nn.Module, list]:
         module = UNARY[node.target](*args, **kwargs)
         return module, [a for a in args if isinstance(a, fx.Node)]
     what = getattr(node.target, "__name__", node.target)
+    functions = (*UNARY, *BINARY, *CONCATS, *FUNCTIONS, *OTHER_FUNCTIONS)
     raise UnsupportedLayerError(
         f"{node.op} '{what}' has no equivalent module here. Supported: the registered modules, "
-        f"{sorted({getattr(f, '__name__', f) for f in (*UNARY, *BINARY, *CONCATS, *FUNCTIONS)})} "
-        f"and the tensor methods {sorted({*METHODS, *METHOD_FORMS, 'add'})}. Use a module, "
+        f"{sorted({getattr(f, '__name__', f) for f in functions})} and the tensor methods "
+        f"{sorted({*METHODS, *METHOD_FORMS, *BINARY_METHODS, *OTHER_METHODS})}. Use a module, "
         f"or register a converter for "
         f"a module wrapping this computation (ntbridge.register_converter).")
-
-
-# ------------------------------------------------------------ which sums are exact
-
-AFFINE = (nn.Linear, *CONVS)  # fresh zero-mean weights: output zero-mean given input
-LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, *AVG_POOLS, *RESIZES, *DROPOUTS, Add, Concat,
-          Scale)
-
-
-def correlated(nodes: list[Node], inputs: tuple[int, ...]) -> str:
-    """Why the values of ``inputs`` (indices into ``nodes``) may be correlated, or ``""``.
-
-    A value that is a linear function of the outputs of affine layers ``T`` (its *terms*) is
-    uncorrelated with any value not depending on ``T``: each term is ``W u + b`` with ``W``, ``b``
-    zero-mean and independent of everything but the term's descendants, for the NNGP as for the
-    NTK (whose cross terms are linear in ``W`` too). Branches for which no such term exists on
-    either side (``h + relu(h)``) may be correlated.
-    """
-    terms, ancestors = {INPUT: None}, {INPUT: frozenset({INPUT})}
-    for n in nodes:
-        ancestors[n.index] = frozenset({n.index}).union(*(ancestors[i] for i in n.inputs))
-        if isinstance(n.module, AFFINE):
-            terms[n.index] = frozenset({n.index})
-        elif isinstance(n.module, LINEAR) and all(terms[i] is not None for i in n.inputs):
-            terms[n.index] = frozenset().union(*(terms[i] for i in n.inputs))
-        else:
-            terms[n.index] = None
-    name = lambda i: "the model's input" if i == INPUT else f"'{nodes[i].name}'"
-    for position, a in enumerate(inputs):
-        for b in inputs[position + 1:]:
-            if not any(terms[i] is not None and not terms[i] & ancestors[j]
-                       for i, j in ((a, b), (b, a))):
-                return f"the summed branches {name(a)} and {name(b)} may be correlated"
-    return ""
 
 
 # ------------------------------------------------------------ conversion of the traced nodes
@@ -200,7 +187,11 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     nodes: list[Node] = []
     index: dict[fx.Node, int] = {}
     chains: dict[fx.Node, tuple[fx.Node, tuple]] = {}  # node -> (tensor the chain starts from, steps)
+    constants: dict[fx.Node, object] = {}  # nodes computed from the model's buffers alone
     for node in trace(model).nodes:
+        if (value := _constant(model, node, constants)) is not None:
+            constants[node] = value
+            continue
         if (found := step_of(node, chains)) is not None:
             source, steps = chains.get(found[0], (found[0], ()))
             chains[node] = (source, (*steps, found[1]))
@@ -219,8 +210,9 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
             index[node] = INPUT
         elif node.op == "get_attr":
             raise UnsupportedLayerError(
-                f"{type(model).__name__}.forward uses the tensor '{node.target}' directly; wrap the "
-                f"computation in a module and register a converter for it.")
+                f"{type(model).__name__}.forward uses the parameter '{node.target}' directly; its "
+                f"kernel contribution has no rule: wrap the computation in a module and register "
+                f"a converter for it.")
         elif node.op == "output":
             nodes += _output(node, index, nodes, options)
         elif not _is_shape(node):
@@ -232,15 +224,33 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
                                           f"modules take one tensor.")
             else:
                 origin = describe(node)
-                module, sources = _located(equivalent, origin)(node)
+                module, sources = _located(equivalent, origin)(node, constants)
             inputs = tuple(_source(a, index, origin) for a in sources)
-            if isinstance(module, Add):
-                module = Add(correlated(nodes, inputs))
+            if isinstance(module, (Add, Concat, Stack)):
+                module.correlated = correlated(nodes, inputs)
+            elif isinstance(module, Multiply):
+                module.dependent = dependent(nodes, inputs)
             name = node.target if node.op == "call_module" else node.name
             index[node] = len(nodes)
             nodes.append(make_node(len(nodes), name, module, inputs, options,
                                    "" if node.op == "call_module" else origin))
     return nodes
+
+
+def _constant(model: nn.Module, node: fx.Node, constants: dict):
+    """The value of ``node`` if it is a buffer (or tensor attribute) of ``model``, or computed
+    from such alone (``self.adjacency.T``); None otherwise. Parameters are not constants."""
+    if node.op == "get_attr":
+        value = operator.attrgetter(node.target)(model)
+        return None if isinstance(value, nn.Parameter) else value
+    if node.op not in ("call_function", "call_method") or not node.all_input_nodes or any(
+            a not in constants for a in node.all_input_nodes):
+        return None
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: constants[a])
+    with torch.no_grad():
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        return node.target(*args, **kwargs)
 
 
 def _located(fn: Callable, where: str) -> Callable:

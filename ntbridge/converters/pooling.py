@@ -1,4 +1,5 @@
-"""Converters of pooling: ``nn.AvgPool{n}d``, ``nn.AdaptiveAvgPool{n}d``, ``nn.MaxPool{n}d``,
+"""Converters of pooling: ``nn.AvgPool{n}d`` (``divisor_override`` too: ``1`` is sum pooling),
+``nn.AdaptiveAvgPool{n}d``, ``nn.LPPool{n}d`` (``norm_type=1``), ``nn.MaxPool{n}d``,
 ``nn.AdaptiveMaxPool{n}d`` for n = 1, 2, 3."""
 
 from torch import nn
@@ -12,6 +13,7 @@ AVG = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)
 ADAPTIVE_AVG = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)
 MAX = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)
 ADAPTIVE_MAX = (nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)
+LP = (nn.LPPool1d, nn.LPPool2d, nn.LPPool3d)
 
 
 def _ndim(module: nn.Module, family: tuple[type, ...]) -> int:
@@ -36,6 +38,16 @@ def _avg(module: nn.AvgPool2d, ctx: Context) -> stax.Layer:
                         getattr(module, "divisor_override", None))
 
 
+def _lp(module: nn.LPPool2d, ctx: Context) -> stax.Layer:
+    if module.norm_type != 1:
+        raise UnsupportedLayerError(
+            f"norm_type={module.norm_type}: the p-th root of a window's sum of p-th powers has no "
+            f"closed-form kernel (only p = 1, a sum pooling, is linear); use nn.AvgPool with "
+            f"divisor_override=1 for sums, ntbridge.empirical_ntk or ntbridge.monte_carlo.")
+    ndim = _ndim(module, LP)
+    return stax.LPPool1(as_tuple(module.kernel_size, ndim), module.stride, module.ceil_mode)
+
+
 def _adaptive_avg(module: nn.AdaptiveAvgPool2d, ctx: Context) -> stax.Layer:
     return stax.AdaptiveAvgPool(_output_size(module, _ndim(module, ADAPTIVE_AVG)))
 
@@ -52,7 +64,7 @@ def _adaptive_max(module: nn.AdaptiveMaxPool2d, ctx: Context) -> stax.Layer:
     return stax.AdaptiveMaxPool(_output_size(module, _ndim(module, ADAPTIVE_MAX)))
 
 
-for _family, _converter in ((AVG, _avg), (ADAPTIVE_AVG, _adaptive_avg), (MAX, _max),
+for _family, _converter in ((AVG, _avg), (ADAPTIVE_AVG, _adaptive_avg), (LP, _lp), (MAX, _max),
                             (ADAPTIVE_MAX, _adaptive_max)):
     for _cls in _family:
         register(_cls)(_converter)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
-from .kernel import Kernel
+from .kernel import Kernel, spatial_axes
 from .layers import Layer, with_hyper
 
 INPUT = -1  # in ``dag``, the index that stands for the network's input
@@ -122,7 +122,7 @@ def parallel(*layers: Layer) -> Layer:
                  hyper=tuple(layer.hyper for layer in layers))
 
 
-def _same_shapes(shapes, skip_axis: int | None = None) -> None:
+def same_shapes(shapes, skip_axis: int | None = None) -> None:
     """Raise ShapeError unless the branches' shapes agree (except on ``skip_axis``)."""
     strip = lambda s: tuple(d for i, d in enumerate(s) if i != skip_axis)
     if len({len(s) for s in shapes}) > 1 or len({strip(s) for s in shapes}) > 1:
@@ -154,22 +154,59 @@ def FanInSum() -> Layer:
     """
 
     def init_fn(key, shapes):
-        _same_shapes(shapes)
+        same_shapes(shapes)
         return tuple(shapes[0]), {}
 
     def kernel_fn(ks):
-        _same_shapes([k.shape1 for k in ks])
+        same_shapes([k.shape1 for k in ks])
         return _combine(ks, [1.0] * len(ks), all(k.is_gaussian for k in ks))
 
     return Layer(init_fn, lambda params, xs: sum(xs[1:], xs[0]), kernel_fn, affine=True)
 
 
+def _join_positions(arrays: Sequence[jax.Array], n_batch: int, d: int, sizes: Sequence[int],
+                    diagonal_spatial: bool) -> jax.Array:
+    """Kernel arrays of branches concatenated along spatial dim ``d``: the diagonal layout puts
+    them side by side; the full one block-diagonally (positions of different branches:
+    uncorrelated)."""
+    ndim = (arrays[0].ndim - n_batch) // (1 if diagonal_spatial else 2)
+    axes = spatial_axes(n_batch, ndim, diagonal_spatial)[d]
+    if diagonal_spatial:
+        return jnp.concatenate(arrays, axes[0])
+    out, start = 0, 0
+    for a, size in zip(arrays, sizes):
+        pad = [(start, sum(sizes) - start - size) if i in axes else (0, 0) for i in range(a.ndim)]
+        out, start = out + jnp.pad(a, pad), start + size
+    return out
+
+
+def concat_kernels(ks: Sequence[Kernel], axis: int) -> Kernel:
+    """The kernel of the branches' outputs concatenated along ``axis`` (>= 1; see
+    :func:`FanInConcat`)."""
+    same_shapes([k.shape1 for k in ks], skip_axis=axis)
+    sizes = [k.shape1[axis] for k in ks]
+    grow = lambda s: (*s[:axis], sum(sizes), *s[axis + 1:])
+    if axis == 1:
+        out = _combine(ks, [c / sum(sizes) for c in sizes], False)
+    else:
+        join = lambda field, n_batch: _join_positions([getattr(k, field) for k in ks], n_batch,
+                                                      axis - 2, sizes, ks[0].diagonal_spatial)
+        ntk = None if any(k.ntk is None for k in ks) else join("ntk", 2)
+        out = ks[0].replace(nngp=join("nngp", 2), ntk=ntk, cov1=join("cov1", 1),
+                            cov2=join("cov2", 1), is_gaussian=all(k.is_gaussian for k in ks))
+    return out.replace(shape1=grow(out.shape1), shape2=grow(out.shape2))
+
+
 def FanInConcat(axis: int = 1) -> Layer:
     """Concatenation of a tuple of inputs along ``axis`` (torch's ``torch.cat(xs, dim=axis)``).
 
-    Kernel rule (channel axis 1 only): the channel-weighted average of the branches' kernels
-    ``sum_i C_i K_i / sum_i C_i``, exact for any correlation between the branches. Its channels are
+    Kernel rule along the channel axis 1: the channel-weighted average of the branches' kernels
+    ``sum_i C_i K_i / sum_i C_i``, exact for any correlation between the branches; its channels are
     no longer identically distributed, so the result only feeds affine layers (is_gaussian False).
+    Along a spatial axis: each branch's kernel on its own positions, and zero between positions of
+    different branches, exact when the branches are uncorrelated (``ntbridge.convert`` refuses
+    the others); the diagonal layout, which keeps same-position covariances only, is exact for
+    any branches.
 
     Example:
         >>> dense_block = dag([Dense(4, 8, W_std=1., b_std=0.), FanInConcat()], [(INPUT,), (INPUT, 0)])
@@ -177,25 +214,20 @@ def FanInConcat(axis: int = 1) -> Layer:
 
     def init_fn(key, shapes):
         ax = axis % len(shapes[0])
-        _same_shapes(shapes, skip_axis=ax)
+        same_shapes(shapes, skip_axis=ax)
         out = list(shapes[0])
         out[ax] = sum(s[ax] for s in shapes)
         return tuple(out), {}
 
     def kernel_fn(ks):
         ndim = len(ks[0].shape1)
-        if axis % ndim != 1:
-            raise UnsupportedLayerError(
-                f"concatenation along axis {axis} of {ndim}-d outputs has no kernel rule here; "
-                f"only the channel axis 1 has one.")
-        _same_shapes([k.shape1 for k in ks], skip_axis=1)
-        channels = [k.shape1[1] for k in ks]
-        out = _combine(ks, [c / sum(channels) for c in channels], False)
-        grow = lambda s: (s[0], sum(channels), *s[2:])
-        return out.replace(shape1=grow(out.shape1), shape2=grow(out.shape2))
+        if axis % ndim == 0:
+            raise UnsupportedLayerError("concatenation along axis 0 joins batches of examples; "
+                                        "the kernel is per example: concatenate the inputs.")
+        return concat_kernels(ks, axis % ndim)
 
     return Layer(init_fn, lambda params, xs: jnp.concatenate(xs, axis=axis), kernel_fn,
-                 affine=True)
+                 full_spatial=False, affine=True)
 
 
 def Scale(c: float) -> Layer:

@@ -71,12 +71,17 @@ def _same_channels(ndim: int | None, out: Callable) -> Callable:
     return init_fn
 
 
+def _out_spatial(ms: list[np.ndarray | None], spatial: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n if m is None else m.shape[0] for m, n in zip(ms, spatial))
+
+
 def separable_linear(ndim: int | None, matrices: Matrices, name: str,
                      one_per_row: bool = False) -> Layer:
     """A channelwise linear map applying ``matrices(S)[d]`` along spatial dim ``d`` of
     ``(N, C, *S)``.
 
-    ``ndim``: the number of spatial dims (None: any). ``one_per_row``: every row of every matrix
+    ``ndim``: the number of spatial dims (None: any); a matrix None leaves its dim as it is.
+    ``one_per_row``: every row of every matrix
     has at most one nonzero entry (a selection, as nearest-neighbour resizing), so that an output
     position's variance is that of one input position, scaled: the rule then also runs on the
     diagonal layout, with the matrices' squares. ``name`` is the torch module's, for error messages.
@@ -84,7 +89,7 @@ def separable_linear(ndim: int | None, matrices: Matrices, name: str,
 
     def apply_fn(params, x):
         for d, m in enumerate(matrices(x.shape[2:])):
-            x = contract(x, m, 2 + d)
+            x = x if m is None else contract(x, m, 2 + d)
         return x
 
     def kernel_fn(k: Kernel) -> Kernel:
@@ -95,14 +100,14 @@ def separable_linear(ndim: int | None, matrices: Matrices, name: str,
 
         def fn(a, n_batch):
             for m, axes in zip(ms, spatial_axes(n_batch, len(ms), k.diagonal_spatial)):
-                for axis in axes:
+                for axis in axes if m is not None else ():
                     a = contract(a, m * m if k.diagonal_spatial else m, axis)
             return a
 
-        out = tuple(m.shape[0] for m in ms)
+        out = _out_spatial(ms, k.shape1[2:])
         return map_arrays(k, fn).replace(shape1=(*k.shape1[:2], *out), shape2=(*k.shape2[:2], *out))
 
-    out_spatial = lambda spatial: tuple(m.shape[0] for m in matrices(spatial))
+    out_spatial = lambda spatial: _out_spatial(matrices(spatial), spatial)
     return Layer(_same_channels(ndim, out_spatial), apply_fn, kernel_fn,
                  full_spatial=not one_per_row, affine=True)
 
@@ -128,6 +133,23 @@ def AvgPool(kernel_size: Sequence[int], stride: Sequence[int] | int | None = Non
         return [ms[0] / divisor_override, *ms[1:]] if divisor_override else ms
 
     return separable_linear(ndim, matrices, f"AvgPool{ndim}d")
+
+
+def LPPool1(kernel_size: Sequence[int], stride: Sequence[int] | int | None = None,
+            ceil_mode: bool = False) -> Layer:
+    """torch's ``nn.LPPool{n}d(1, kernel_size, stride, ceil_mode)``: ``prod(kernel_size)`` times
+    the window means (torch's formula; window sums where windows are whole), linear for any input.
+
+    Example:
+        >>> LPPool1((2, 2)).init_fn(None, (5, 3, 8, 8))[0]
+        (5, 3, 4, 4)
+    """
+    ndim = len(kernel_size)
+    size = as_tuple(kernel_size, ndim)
+    stride = as_tuple(size if stride is None else stride, ndim)
+    matrices = lambda spatial: [avg_matrix(n, k, s, 0, ceil_mode, True) * k
+                                for n, k, s in zip(spatial, size, stride)]
+    return separable_linear(ndim, matrices, f"LPPool{ndim}d")
 
 
 def AdaptiveAvgPool(output_size: Sequence[int | None]) -> Layer:

@@ -19,7 +19,7 @@ from .kernel import Kernel, map_arrays, reshape_spatial
 from .layers import Layer
 
 
-def _dim(dim: int, rank: int, arg: str) -> int:
+def axis_of(dim: int, rank: int, arg: str) -> int:
     """``dim`` as a non-negative axis of a rank-``rank`` array, or ShapeError."""
     if not -rank <= dim < rank:
         raise ShapeError(f"{arg}={dim} is out of range for inputs of rank {rank}")
@@ -35,7 +35,7 @@ def _mean_leading_positions(a: jax.Array, n_batch: int, count: int, diagonal_spa
     return a.mean(axis=tuple(range(a.ndim - count, a.ndim)))
 
 
-def _reshaped(k: Kernel, shape1: tuple[int, ...], shape2: tuple[int, ...]) -> Kernel:
+def reshaped(k: Kernel, shape1: tuple[int, ...], shape2: tuple[int, ...]) -> Kernel:
     """``k`` for inputs whose spatial dims were reshaped (row-major) to ``shape1[2:]``."""
     fn = lambda a, n: reshape_spatial(a, n, k.diagonal_spatial, shape1[2:])
     return map_arrays(k, fn).replace(shape1=shape1, shape2=shape2)
@@ -53,7 +53,7 @@ def Flatten(start_dim: int = 1, end_dim: int = -1) -> Layer:
     """
 
     def out_shape(shape):
-        s, e = _dim(start_dim, len(shape), "start_dim"), _dim(end_dim, len(shape), "end_dim")
+        s, e = axis_of(start_dim, len(shape), "start_dim"), axis_of(end_dim, len(shape), "end_dim")
         if s > e:
             raise ShapeError(f"start_dim={start_dim} comes after end_dim={end_dim} for inputs "
                              f"of rank {len(shape)}")
@@ -67,7 +67,7 @@ def Flatten(start_dim: int = 1, end_dim: int = -1) -> Layer:
             raise UnsupportedLayerError("Flatten(start_dim=0) merges examples together; the "
                                         "kernel is per example, so keep start_dim >= 1")
         if s != 1 or e == 1:
-            return _reshaped(k, shape1, shape2)
+            return reshaped(k, shape1, shape2)
         count = e - 1  # spatial dims merged into the channels
         fn = lambda a, n: _mean_leading_positions(a, n, count, k.diagonal_spatial)
         # features at different positions have different variances: no longer one Gaussian
@@ -86,7 +86,7 @@ def Unflatten(dim: int, sizes: Sequence[int]) -> Layer:
     """
 
     def out_shape(shape):
-        d = _dim(dim, len(shape), "dim")
+        d = axis_of(dim, len(shape), "dim")
         known = math.prod(n for n in sizes if n != -1)
         resolved = tuple(shape[d] // known if n == -1 else n for n in sizes)
         if math.prod(resolved) != shape[d] or list(sizes).count(-1) > 1:
@@ -98,7 +98,7 @@ def Unflatten(dim: int, sizes: Sequence[int]) -> Layer:
             raise UnsupportedLayerError(
                 f"Unflatten of dim {dim} (examples or channels) has no kernel rule here; unflatten "
                 f"a spatial dim, or use ntbridge.empirical_ntk / ntbridge.monte_carlo.")
-        return _reshaped(k, out_shape(k.shape1), out_shape(k.shape2))
+        return reshaped(k, out_shape(k.shape1), out_shape(k.shape2))
 
     return Layer(lambda key, shape: (out_shape(tuple(shape)), {}),
                  lambda params, x: x.reshape(out_shape(x.shape)), kernel_fn, affine=True)

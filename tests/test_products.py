@@ -1,0 +1,140 @@
+"""Products of branches (GLU/SwiGLU gates): the kernel of two independent Linear layers' product
+against its closed form computed by hand, Monte-Carlo of wide gated networks, the forms of the
+product, and the refusals of dependent factors by name."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ntbridge
+from ntbridge import errors
+
+from montecarlo import check_architecture
+
+
+class Gated(nn.Module):
+    """``out(gate(fc1(h)) * fc2(h))`` with ``h = x`` or a wide ReLU layer of it."""
+
+    def __init__(self, d_in=3, width=16, hidden=0, gate=F.silu, product=lambda a, b: a * b):
+        super().__init__()
+        torch.manual_seed(0)
+        self.hidden = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU()) if hidden else None
+        d = hidden or d_in
+        self.fc1, self.fc2, self.out = nn.Linear(d, width), nn.Linear(d, width), nn.Linear(width, 256)
+        self.gate, self.product = gate, product
+
+    def forward(self, x):
+        h = self.hidden(x) if self.hidden is not None else x
+        return self.out(self.product(self.gate(self.fc1(h)), self.fc2(h)))
+
+
+def test_product_of_two_linear_layers_is_the_product_of_their_kernels():
+    """fc1(x) * fc2(x), torch's init: each factor has NNGP ``x.x'/(3d) + 1/(3d)`` and NTK
+    ``x.x' + 1``; the product's NNGP is the square of the NNGP, its NTK ``2 NNGP (x.x' + 1)``."""
+    class Product(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(5, 7), nn.Linear(5, 7)
+
+        def forward(self, x):
+            return self.fc1(x) * self.fc2(x)
+
+    x1, x2 = torch.randn(4, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    dot = x1 @ x2.T
+    factor_nngp, factor_ntk = (dot + 1) / 15, dot + 1
+    k = ntbridge.kernel(Product().double(), x1, x2)
+    np.testing.assert_allclose(k.nngp, factor_nngp ** 2, rtol=1e-12)
+    np.testing.assert_allclose(k.ntk, 2 * factor_nngp * factor_ntk, rtol=1e-12)
+    k = ntbridge.kernel(Product().double(), x1, x2, parameterization="ntk")
+    np.testing.assert_allclose(k.ntk, 2 * factor_nngp * factor_nngp, rtol=1e-12)
+
+
+MONTE_CARLO = {
+    "swiglu of the input": lambda: (Gated(width=256), (3,)),
+    "swiglu of a wide layer": lambda: (Gated(width=256, hidden=256), (3,)),
+    "relu gate, three factors": lambda: (Gated(width=256, gate=torch.relu, product=lambda a, b: (
+        a * b * (b + 0))), (3,)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parameterization", ["standard", "ntk"])
+@pytest.mark.parametrize("name", ["swiglu of the input", "swiglu of a wide layer"])
+def test_gates_match_monte_carlo(name, parameterization):
+    check_architecture(MONTE_CARLO[name], parameterization)
+
+
+class ConvGate(nn.Module):
+    """A convolutional GLU: ``conv(tanh(c1(x)) * c2(x))``, flattened to a Linear readout."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(2, 128, 2), nn.Conv2d(2, 128, 2)
+        self.conv, self.fc = nn.Conv2d(128, 16, 2), nn.Linear(16 * 2 * 2, 256)
+
+    def forward(self, x):
+        return self.fc(self.conv(torch.tanh(self.c1(x)) * self.c2(x)).flatten(1))
+
+
+@pytest.mark.slow
+def test_convolutional_gate_matches_monte_carlo():
+    check_architecture(lambda: (ConvGate(), (2, 4, 4)), "standard")
+
+
+@pytest.mark.parametrize("product", [torch.mul, lambda a, b: a.mul(b), lambda a, b: b * a])
+def test_forms_of_the_product_convert_as_the_operator(product):
+    x = torch.randn(3, 3, dtype=torch.float64)
+    got = ntbridge.kernel(Gated(product=product).double(), x)
+    expected = ntbridge.kernel(Gated().double(), x)
+    assert torch.equal(got.nngp, expected.nngp) and torch.equal(got.ntk, expected.ntk)
+
+
+class Dependent(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fc, self.fc2, self.fc3 = nn.Linear(3, 8), nn.Linear(3, 8), nn.Linear(8, 8)
+        self.out, self.fn = nn.Linear(8, 1), fn
+
+    def forward(self, x):
+        return self.out(self.fn(self, x))
+
+
+@pytest.mark.parametrize("fn, says", [
+    (lambda m, x: m.fc(x) * m.fc(x), "the factors 'fc' and 'fc' are not independent: they are "
+                                     "computed by the same module"),
+    (lambda m, x: (lambda h: h * h)(m.fc(x)), "'fc' and 'fc' are not independent: they are the "
+                                              "same tensor"),
+    (lambda m, x: (lambda h: h * torch.relu(h))(m.fc(x)), "one is computed from the other"),
+    (lambda m, x: (lambda h: torch.relu(h) * m.fc3(h))(m.fc(x)),
+     "'relu' takes their common input 'fc' without a Linear/Conv layer of its own"),
+    (lambda m, x: torch.cat([m.fc(x), x], 1)[:, :8] * m.fc2(x), "getitem|channels"),
+    (lambda m, x: nn.functional.pad(x, (0, 5)) * m.fc2(x), "pad"),
+])
+def test_dependent_factors_are_refused_by_name(fn, says):
+    model, x = Dependent(fn), torch.randn(2, 3)
+    ntbridge.empirical_ntk(model, x) if "pad" not in says else None
+    with pytest.raises(errors.UnsupportedLayerError, match=says):
+        ntbridge.ntk(model, x)
+
+
+def test_refusal_says_what_to_do_instead():
+    model = Dependent(lambda m, x: (lambda h: h * h)(m.fc(x)))
+    with pytest.raises(errors.UnsupportedLayerError,
+                       match=r"^operator\.mul in Dependent\.forward: the factors .*each start with "
+                             r"a Linear/Conv layer of their own.*ntbridge\.empirical_ntk.*"
+                             r"ntbridge\.monte_carlo"):
+        ntbridge.ntk(model, torch.randn(2, 3))
+    with pytest.raises(errors.UnsupportedLayerError, match="identically distributed"):
+        ntbridge.ntk(Dependent(lambda m, x: m.fc2(x) * torch.cat([m.fc(x)[:, :4], m.fc2(x)[:, :4]],
+                                                                  1)), torch.randn(2, 3))
+
+
+def test_a_module_called_twice_shares_its_weights():
+    """fc(x) + fc(x) is 2 fc(x), whose kernel is 4 K, not 2 K: the sum is refused, as the product."""
+    for combine, says in ((lambda a, b: a + b, "may be correlated"),
+                          (lambda a, b: a * b, "computed by the same module")):
+        model = Dependent(lambda m, x: combine(m.fc(x), m.fc(x)))
+        with pytest.raises(errors.UnsupportedLayerError, match=says):
+            ntbridge.nngp(model, torch.randn(2, 3))
