@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 _EXPORTS = {  # public name -> (module, attribute)
     "Estimate": ("results", "Estimate"), "empirical_nngp": ("api", "empirical_nngp"),
     "empirical_ntk": ("api", "empirical_ntk"), "kernel": ("api", "kernel"),
+    "expectation_error": ("api", "expectation_error"),
     "monte_carlo": ("api", "monte_carlo"), "nngp": ("api", "nngp"), "ntk": ("api", "ntk"),
     "Graph": ("converters", "Graph"), "Kernels": ("results", "Kernels"),
     "convert": ("converters", "convert"), "register_converter": ("converters", "register"),
@@ -37,7 +38,8 @@ __all__ = sorted([*_EXPORTS, *_MODULES])
 
 if TYPE_CHECKING:  # what the lazy imports bind, for type checkers and editors
     from . import analysis, dynamics, errors, predict, programs, stax, testing, tiling  # noqa: F401
-    from .api import empirical_nngp, empirical_ntk, kernel, monte_carlo, nngp, ntk  # noqa: F401
+    from .api import (empirical_nngp, empirical_ntk, expectation_error, kernel,  # noqa: F401
+                      monte_carlo, nngp, ntk)
     from .converters import Graph, convert  # noqa: F401
     from .converters import register as register_converter  # noqa: F401
     from .dynamics import linearize, taylor_expand  # noqa: F401

@@ -32,8 +32,8 @@ import jax.numpy as jnp
 from .results import Kernels
 from .specs import Analytic
 from .stax import Layer, with_hyper
-from .stax.covariances import Covariances, evaluate, own_covariances
-from .stax.kernel import input_kernel, swap_perm
+from .stax.covariances import Covariances, evaluate, inputs_kernel, own_covariances
+from .stax.kernel import swap_perm
 from .tiling import Task
 from .tiling.blocks import in_blocks, splits
 
@@ -72,7 +72,9 @@ def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStru
     (``spec.by_layer`` on a chain of modules), else None."""
     graph.check_init()
     network, perm = graph.network, perm_of(graph.network)
-    args = {"hyper": graph.hyper_args(x1.dtype)}
+    # the kernels' dtype: the inputs', or for token ids the widest float enabled (as ids_kernel's)
+    floating = jnp.issubdtype(x1.dtype, jnp.floating)
+    args = {"hyper": graph.hyper_args(x1.dtype if floating else jax.dtypes.canonicalize_dtype(jnp.float64))}
     if spec.by_layer and all(n.inputs == (n.index - 1,) for n in graph.layers):
         owners = tuple(n.index for n in graph.layers if n.param_names)
         return (Task(("analytic_by_layer", graph.architecture, owners),
@@ -103,7 +105,7 @@ def _by_layer_fn(graph, owners: tuple[int, ...]):
         return k
 
     def fn(args, x1, x2):
-        k0 = input_kernel(x1, x2, compute_ntk=True, diagonal_spatial=not graph.network.full_spatial)
+        k0 = inputs_kernel(graph.network, x1, x2, True, not graph.network.full_spatial)
         parts = [suffix(k0, j, args["hyper"]) for j in owners]
         sums = [k.ntk for k in parts] + [jnp.zeros_like(parts[0].ntk)]
         return parts[0].nngp, [a - b for a, b in zip(sums, sums[1:])]

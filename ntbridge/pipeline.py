@@ -7,7 +7,8 @@ what to compute, and calls :func:`run`:
 1. :func:`prepare`: validate the inputs (torch tensors: dtype, shape, device, finiteness), fix the
    precision, convert the model to a :class:`~ntbridge.Graph` and check that the inputs fit it; an
    empirical spec takes the translated ``torch.export`` graph of a model the layer registry does
-   not cover (:mod:`ntbridge.converters.translated`), and accepts integer inputs (token ids);
+   not cover (:mod:`ntbridge.converters.translated`); integer inputs (token ids) go to empirical
+   kernels, and to analytic ones of models reading them with an ``nn.Embedding``;
 2. :func:`execute`: the builder of the spec's type (:data:`BUILDERS`: :mod:`ntbridge.analytic`,
    :mod:`ntbridge.empirical`) makes the :class:`~ntbridge.tiling.Task`; :func:`ntbridge.tiling.compute`
    plans its tiles from XLA's memory analysis of the one program it compiles (or finds in
@@ -30,6 +31,7 @@ from torch import nn
 
 from . import analytic, gradients
 from .converters import Graph, convert
+from .converters.attention import check_ids
 from .converters.translated import TranslatedGraph, empirical_graph
 from .devices import platform_of
 from .dlpack import abstract, all_finite, check_device, kernel_dtype, model_dtype, precision
@@ -155,10 +157,12 @@ def _precision(request: Request, x1: torch.Tensor):
 
 def prepare(request: Request) -> Prepared:
     """The request's inputs validated and its model converted (steps 1 of the module doc)."""
-    x1, x2 = validate(request.x1, request.x2, indices=request.spec.empirical)
+    x1, x2 = validate(request.x1, request.x2, indices=True)
     with _precision(request, x1):
         graph = model_graph(request, x1)
         check_fits(graph, x1, x2)
+        if not x1.is_floating_point():
+            check_ids(graph, x1, x2, request.spec.empirical)
     return Prepared(request, x1, x2, graph)
 
 

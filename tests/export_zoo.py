@@ -1,4 +1,5 @@
-"""Models that no converter covers, for the torch.export translator's tests and benchmark.
+"""Models that no converter covers, for the torch.export translator's tests and benchmark (the
+sequence models pool their tokens by a maximum, which has no infinite-width rule).
 
 ``ZOO`` maps a name to ``(build, inputs)``: ``build()`` makes the model (float32, train mode as
 torch leaves it) and ``inputs(n)`` a batch of ``n`` inputs; :func:`example` builds one for tests.
@@ -18,7 +19,7 @@ class Transformer(nn.Module):
         self.head = nn.Linear(16, 3)
 
     def forward(self, x):
-        return self.head(self.encoder(x).mean(1))
+        return self.head(self.encoder(x).amax(1))
 
 
 class CausalAttention(nn.Module):
@@ -30,7 +31,7 @@ class CausalAttention(nn.Module):
 
     def forward(self, x):
         h, _ = self.attention(x, x, x, attn_mask=self.mask, need_weights=False)
-        return self.out(h[:, -1])
+        return self.out(h.amax(1))
 
 
 class Recurrent(nn.Module):
@@ -51,7 +52,7 @@ class Tokens(nn.Module):
         self.out = nn.Linear(6, 2)
 
     def forward(self, ids):
-        return self.out(torch.tanh(self.embed(ids)).sum(1))
+        return self.out(torch.tanh(self.embed(ids)).amax(1))
 
 
 class ResNet(nn.Module):

@@ -150,12 +150,12 @@ def test_monte_carlo_reinitialises_with_reset_parameters():
     assert nngp.mean.shape == (3, 3) and torch.equal(nngp.mean, nngp.mean.T)
 
 
-def test_analytic_kernels_still_refuse_a_transformer():
-    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
-    model = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval()
-    x = torch.randn(3, 4, 8)
+def test_analytic_kernels_refuse_a_module_without_a_rule():
+    model = nn.Sequential(nn.GRU(4, 6, batch_first=True)).eval()
+    x = torch.randn(3, 5, 4)
     for kernel in (ntbridge.ntk, ntbridge.nngp, ntbridge.kernel):
-        with pytest.raises(UnsupportedLayerError, match=r"^the model \(TransformerEncoder\) has no infinite-width kernel rule.*empirical_ntk"):
+        with pytest.raises(UnsupportedLayerError, match=r"^module 0 '0' \(GRU\) has no "
+                                                        r"infinite-width kernel rule.*empirical_ntk"):
             kernel(model, x)
 
 

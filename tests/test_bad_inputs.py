@@ -61,6 +61,11 @@ def tokens():
     return nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(16, 2))
 
 
+def translated_tokens():
+    """Token ids into a module without a converter: the model is translated (torch.export)."""
+    return nn.Sequential(nn.Embedding(10, 4), Cumsum(), nn.Flatten(), nn.Linear(16, 2))
+
+
 def misaligned(x):
     """``x``'s values in a tensor starting 4 bytes into its storage."""
     buf = torch.empty(x.numel() + 1)
@@ -107,8 +112,8 @@ ROWS = {
     "no-reset-parameters": (Scaled, lambda m, p: ntbridge.monte_carlo(m, X, n_samples=2),
                             errors.UnsupportedLayerError,
                             r"the model \(Scaled\) has parameters but no reset_parameters\(\)"),
-    "init-of-translated-model": (tokens, lambda m, p: ntbridge.monte_carlo(m, IDS, n_samples=2,
-                                                                            W_std=1.0),
+    "init-of-translated-model": (translated_tokens,
+                                 lambda m, p: ntbridge.monte_carlo(m, IDS, n_samples=2, W_std=1.0),
                                  errors.InputError, r"init, W_std and b_std choose the init of "
                                                     r"converted models"),
     "ids-and-floats": (tokens, lambda m, p: ntbridge.empirical_ntk(m, IDS, X), errors.InputTypeError,

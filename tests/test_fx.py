@@ -339,7 +339,7 @@ def test_untraceable_models_and_forms_fx_cannot_convert():
         def forward(self, x):
             return x * self.scale
 
-    with pytest.raises(errors.UnsupportedLayerError, match="uses the parameter 'scale' directly"):
+    with pytest.raises(errors.UnsupportedLayerError, match="uses the tensor 'scale' directly"):
         ntbridge.convert(RawParameter())
 
     class TwoArguments(nn.Module):

@@ -131,7 +131,7 @@ def test_refusals_name_the_call_and_the_alternative():
         ntbridge.convert(Aggregated(lambda h, m: m.adj @ h).double())
     model = Aggregated(lambda h, m: h @ m.adj.T).double()
     model.adj = nn.Parameter(adjacency())
-    with pytest.raises(errors.UnsupportedLayerError, match="uses the parameter 'adj' directly"):
+    with pytest.raises(errors.UnsupportedLayerError, match="uses the tensor 'adj' directly"):
         ntbridge.convert(model)
     with pytest.raises(errors.ShapeError, match=r"inputs of 5 nodes along the last axis, for an "
                                                 r"adjacency of 6"):

@@ -22,13 +22,13 @@ MODEL = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
 X = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
 
 
-class Gated(nn.Module):  # no converter: the empirical kernels translate it
+class Cumulative(nn.Module):  # no converter: the empirical kernels translate it
     def __init__(self):
         super().__init__()
         self.a, self.b = nn.Linear(4, 8), nn.Linear(4, 8)
 
     def forward(self, x):
-        return self.a(x) * torch.sigmoid(self.b(x))
+        return torch.cumsum(self.a(x), -1) * torch.sigmoid(self.b(x))
 
 
 def test_every_spec_type_has_one_builder():
@@ -81,7 +81,7 @@ def test_monte_carlo_converts_the_model_once(monkeypatch):
 
 def test_graphs_meet_the_empirical_protocols():
     converted = ntbridge.convert(MODEL)
-    exported = translated.empirical_graph(Gated().eval(), X, {})
+    exported = translated.empirical_graph(Cumulative().eval(), X, {})
     assert exported.path == "torch.export"
     assert isinstance(converted, Initialisable) and isinstance(exported, ModelGraph)
     assert not isinstance(exported, Initialisable)  # monte_carlo re-initialises it torch-side

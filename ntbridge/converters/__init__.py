@@ -15,8 +15,8 @@ from torch import nn
 
 from ..dlpack import model_dtype, precision, to_jax
 from ..errors import InputError, InputTypeError
-from . import (activations, conv, graph_ops, indexing, linear, normalization, pooling,  # noqa: F401
-               products, resize, structure)  # (they register their converters)
+from . import (activations, attention, conv, graph_ops, indexing, linear,  # noqa: F401
+               normalization, pooling, products, resize, sequence, structure)  # (converters)
 from .fx import fx_nodes
 from .graph import Graph, Node, make_node, module_tensors
 from .registry import Options, StdOption, as_float, find_converter, register
@@ -59,7 +59,7 @@ def _signature_part(module: nn.Module):
 
 
 def convert(model: nn.Module, *, parameterization: str = "standard", init: str = "torch",
-            W_std: StdOption = None, b_std: StdOption = None) -> Graph:
+            W_std: StdOption = None, b_std: StdOption = None, attention: str = "softmax") -> Graph:
     """Translate ``model`` into a :class:`Graph` (``init_fn``, ``apply_fn``, ``kernel_fn``, ``params``).
 
     Args:
@@ -74,6 +74,9 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
       W_std, b_std: explicit standard deviations, a float for every layer or a mapping from
         qualified module names (as in ``model.named_modules()``) to floats; scalar torch tensors
         work as floats, and the analytic kernels are differentiable in those that require grad.
+      attention: ``"softmax"`` (torch's attention, logits ``q k / sqrt(d)``: the kernel's
+        expectation is computed numerically, ``ntbridge.stax.attention``) or ``"linear"`` (Neural
+        Tangents' closed-form variant: keys tied to queries, logits ``q q / d``).
 
     Example:
         >>> g = ntbridge.convert(nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 1)))
@@ -83,7 +86,7 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     if not isinstance(model, nn.Module):
         raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
     _check_uniform(model)
-    options = Options(parameterization, init, W_std, b_std)
+    options = Options(parameterization, init, W_std, b_std, attention)
     leaves = list(_leaves(model))
     if any(_is_user_container(module) for _, module in leaves):
         nodes = fx_nodes(model, options)
@@ -93,14 +96,14 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     options.check_names([n.name for n in nodes if "W_std" in n.hyper])
     with precision(model_dtype(model)):
         params = {key: to_jax(t, key) for key, t in module_tensors(nodes).items()}
-    return Graph(nodes, params, _signature(parameterization, nodes, True),
-                 _signature(parameterization, nodes, False))
+    return Graph(nodes, params, _signature(parameterization, attention, nodes, True),
+                 _signature(parameterization, attention, nodes, False))
 
 
-def _signature(parameterization: str, nodes: list[Node], values: bool) -> tuple:
+def _signature(parameterization: str, attention: str, nodes: list[Node], values: bool) -> tuple:
     """What fixes the converted model (see :class:`Graph`), with or without the ``values`` of its
     layers' declared hyper-parameters."""
     hyper = lambda n: tuple(sorted((k, as_float(v) if isinstance(v, torch.Tensor) else v)
                                    for k, v in n.hyper.items() if values or k not in n.layer.hyper))
-    return parameterization, tuple((n.name, _signature_part(n.module), hyper(n), n.inputs)
-                                   for n in nodes)
+    return parameterization, attention, tuple(
+        (n.name, _signature_part(n.module), hyper(n), n.inputs) for n in nodes)

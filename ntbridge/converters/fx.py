@@ -30,6 +30,7 @@ from torch import fx, nn
 from ..errors import ConversionError, UnsupportedLayerError
 from ..stax import INPUT
 from . import graph_ops, indexing
+from .calls import ATTENTION_MODULES, attention_call, attention_output, is_positions, positions
 from .combinators import Add, Concat, Scale
 from .elementwise import Elementwise, step_of
 from .functional import FUNCTIONS, METHOD_FORMS, module_of
@@ -38,7 +39,7 @@ from .independence import correlated, dependent
 from .indexing import Stack
 from .products import Multiply
 from .registry import Options
-from .tracing import describe, trace
+from .tracing import constant, describe, trace
 
 
 # ------------------------------------------------------------ functional calls -> module instances
@@ -188,8 +189,10 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     index: dict[fx.Node, int] = {}
     chains: dict[fx.Node, tuple[fx.Node, tuple]] = {}  # node -> (tensor the chain starts from, steps)
     constants: dict[fx.Node, object] = {}  # nodes computed from the model's buffers alone
+    attrs: dict[fx.Node, torch.Tensor] = {}  # get_attr nodes: the model's tensors
+    params, attention_calls = dict(model.named_parameters()), set()
     for node in trace(model).nodes:
-        if (value := _constant(model, node, constants)) is not None:
+        if (value := constant(model, node, constants)) is not None:
             constants[node] = value
             continue
         if (found := step_of(node, chains)) is not None:
@@ -209,21 +212,34 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
                                       f"ntbridge models take one tensor, forward(x).")
             index[node] = INPUT
         elif node.op == "get_attr":
-            raise UnsupportedLayerError(
-                f"{type(model).__name__}.forward uses the parameter '{node.target}' directly; its "
-                f"kernel contribution has no rule: wrap the computation in a module and register "
-                f"a converter for it.")
+            tensors = params if node.target in params else dict(model.named_buffers())
+            attrs[node] = tensors[node.target]
+        elif (found := attention_output(node, attention_calls)) is not None:
+            index[node] = index[found]
+        elif is_positions(node, attrs, params):
+            owner, module, x = positions(node, attrs)
+            index[node] = len(nodes)
+            nodes.append(make_node(len(nodes), owner, module, (_source(x, index, describe(node)),),
+                                   options, describe(node)))
         elif node.op == "output":
             nodes += _output(node, index, nodes, options)
         elif not _is_shape(node):
+            call = None
             if node.op == "call_module":
                 module, sources = model.get_submodule(node.target), [*node.args, *node.kwargs.values()]
                 origin = f"module {len(nodes)} '{node.target}' ({type(module).__name__})"
-                if len(sources) != 1:
+                if isinstance(module, ATTENTION_MODULES):
+                    sources, call = attention_call(module, node, {**attrs, **constants}, origin)
+                    if isinstance(module, nn.MultiheadAttention):  # returns (output, weights)
+                        attention_calls.add(node)
+                elif len(sources) != 1:
                     raise ConversionError(f"{origin} is called with {len(sources)} arguments; "
                                           f"modules take one tensor.")
             else:
                 origin = describe(node)
+                for a in node.all_input_nodes:  # the model's own tensors: refused by name
+                    if a.op == "get_attr" and a not in constants:
+                        _source(a, index, origin)
                 module, sources = _located(equivalent, origin)(node, constants)
             inputs = tuple(_source(a, index, origin) for a in sources)
             if isinstance(module, (Add, Concat, Stack)):
@@ -233,24 +249,8 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
             name = node.target if node.op == "call_module" else node.name
             index[node] = len(nodes)
             nodes.append(make_node(len(nodes), name, module, inputs, options,
-                                   "" if node.op == "call_module" else origin))
+                                   "" if node.op == "call_module" else origin, call))
     return nodes
-
-
-def _constant(model: nn.Module, node: fx.Node, constants: dict):
-    """The value of ``node`` if it is a buffer (or tensor attribute) of ``model``, or computed
-    from such alone (``self.adjacency.T``); None otherwise. Parameters are not constants."""
-    if node.op == "get_attr":
-        value = operator.attrgetter(node.target)(model)
-        return None if isinstance(value, nn.Parameter) else value
-    if node.op not in ("call_function", "call_method") or not node.all_input_nodes or any(
-            a not in constants for a in node.all_input_nodes):
-        return None
-    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: constants[a])
-    with torch.no_grad():
-        if node.op == "call_method":
-            return getattr(args[0], node.target)(*args[1:], **kwargs)
-        return node.target(*args, **kwargs)
 
 
 def _located(fn: Callable, where: str) -> Callable:
@@ -265,6 +265,11 @@ def _located(fn: Callable, where: str) -> Callable:
 
 
 def _source(a, index: dict, where: str) -> int:
+    if isinstance(a, fx.Node) and a.op == "get_attr":
+        raise UnsupportedLayerError(
+            f"{where} uses the tensor '{a.target}' directly; only a learned positional embedding "
+            f"added to a sequence (x + self.pos) is supported. Wrap the computation in a module "
+            f"and register a converter for it.")
     if not isinstance(a, fx.Node) or a not in index:
         raise ConversionError(f"{where} takes {a!r} as an input, which is not a tensor computed "
                               f"by the model; only tensor inputs are supported.")

@@ -7,7 +7,7 @@ import dataclasses
 import functools
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 import torch
 from torch import nn
 
@@ -67,15 +67,16 @@ def module_where(index: int, name: str, module: nn.Module) -> str:
 
 
 def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {**dict(module.named_parameters(recurse=False)),
-            **dict(module.named_buffers(recurse=False))}
+    """A leaf module's parameters and buffers, its submodules' included (attention's
+    ``out_proj.weight``, an encoder layer's), by their names within it."""
+    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
 def make_node(index: int, name: str, module: nn.Module, inputs: tuple[int, ...],
-              options: Options, origin: str = "") -> Node:
+              options: Options, origin: str = "", call: dict | None = None) -> Node:
     """Convert ``module`` (qualified name ``name``, fed by nodes ``inputs``; ``origin``: see
-    :class:`Node`) with its registered converter; raises UnsupportedLayerError naming it if it has
-    none."""
+    :class:`Node`; ``call``: the traced call's other arguments) with its registered converter;
+    raises UnsupportedLayerError naming it if it has none."""
     converter, where = find_converter(module), module_where(index, name, module)
     if converter is None:
         raise UnsupportedLayerError(
@@ -89,7 +90,7 @@ def make_node(index: int, name: str, module: nn.Module, inputs: tuple[int, ...],
             raise InputError(f"{where} has a zero-size "
                              f"{key} (shape {tuple(t.shape)}): a layer without units or inputs "
                              f"has no kernel; give it at least one, or remove it.")
-    ctx = Context(name, index, options)
+    ctx = Context(name, index, options, call=call)
     try:
         layer = converter(module, ctx)
     except NtbridgeError as e:  # a module's option without a rule: name the module
@@ -195,9 +196,10 @@ class Graph:
         return "\n".join(["Graph(", *lines, ")"])
 
     def hyper_args(self, dtype) -> tuple:
-        """:attr:`hyper` as JAX scalars of ``dtype``: the hyper-parameters argument of the
-        network's ``kernel_fn`` (see :mod:`ntbridge.stax.layers`)."""
-        return jax.tree.map(lambda v: jnp.asarray(as_float(v), dtype), self.hyper)
+        """:attr:`hyper` as numpy scalars of ``dtype``: the hyper-parameters argument of the
+        network's ``kernel_fn`` (see :mod:`ntbridge.stax.layers`). Numpy, not JAX: building them
+        compiles nothing, so a process that finds its programs on disk compiles none."""
+        return jax.tree.map(lambda v: np.asarray(as_float(v), dtype), self.hyper)
 
     def hyper_tensors(self) -> dict[tuple[int, str], torch.Tensor]:
         """The torch tensors among :attr:`hyper`, keyed by ``(layer index, name)``."""
@@ -208,7 +210,7 @@ class Graph:
     def parameter_names(self) -> frozenset[str]:
         """The keys of ``params`` that are torch parameters (the others are buffers)."""
         return frozenset(n.key(p) for n in self.layers
-                         for p, _ in n.module.named_parameters(recurse=False))
+                         for p, _ in n.module.named_parameters())
 
     def init_fn(self, key: jax.Array, input_shape: tuple[int, ...]) -> tuple[tuple, Params]:
         """Fresh parameters from the init distribution in use; returns ``(output_shape, params)``."""

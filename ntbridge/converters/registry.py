@@ -17,6 +17,7 @@ from ..stax import PARAMETERIZATIONS, Layer
 Converter = Callable[[nn.Module, "Context"], Layer]
 CONVERTERS: dict[type, Converter] = {}
 INITS = ("torch", "infer")
+ATTENTIONS = ("softmax", "linear")  # torch's 1/sqrt(d) attention, or the tied 1/d variant
 
 
 def register(module_type: type) -> Callable[[Converter], Converter]:
@@ -90,9 +91,12 @@ class Options:
     init: str = "torch"
     W_std: StdOption = None
     b_std: StdOption = None
+    attention: str = "softmax"
     used_names: set = dataclasses.field(default_factory=set)
 
     def __post_init__(self):
+        if self.attention not in ATTENTIONS:
+            raise InputError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}.")
         if self.parameterization not in PARAMETERIZATIONS:
             raise InputError(f"parameterization must be one of {PARAMETERIZATIONS}, "
                              f"got {self.parameterization!r}.")
@@ -126,6 +130,7 @@ class Context:
     options: Options
     hyper: dict = dataclasses.field(default_factory=dict)
     init_checks: tuple = ()  # (label, tensor, fan_in) assumed to follow torch's default init
+    call: dict | None = None  # a traced call's other arguments (masks), by keyword
 
     @property
     def parameterization(self) -> str:

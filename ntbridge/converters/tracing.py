@@ -1,10 +1,13 @@
 """torch.fx tracing of a model's ``forward``, remembering which of the user's modules wrote each
-node, so that errors name it (``torch.cumsum in module '1.1' (MyModule)``), not the traced node."""
+node, so that errors name it (``torch.cumsum in module '1.1' (MyModule)``), not the traced node;
+and the values of the nodes computed from the model's buffers alone (:func:`constant`)."""
 
 from __future__ import annotations
 
+import operator
 from typing import Callable
 
+import torch
 from torch import fx, nn
 
 from ..errors import ConversionError
@@ -68,3 +71,19 @@ def trace(model: nn.Module) -> fx.Graph:
         ) from e
     graph.eliminate_dead_code()
     return graph
+
+
+def constant(model: nn.Module, node: fx.Node, constants: dict):
+    """The value of ``node`` if it is a buffer (or tensor attribute) of ``model``, or computed
+    from such alone (``self.adjacency.T``); None otherwise. Parameters are not constants."""
+    if node.op == "get_attr":
+        value = operator.attrgetter(node.target)(model)
+        return None if isinstance(value, nn.Parameter) else value
+    if node.op not in ("call_function", "call_method") or not node.all_input_nodes or any(
+            a not in constants for a in node.all_input_nodes):
+        return None
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: constants[a])
+    with torch.no_grad():
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        return node.target(*args, **kwargs)

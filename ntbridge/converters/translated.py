@@ -26,6 +26,7 @@ from .. import programs
 from ..errors import ConversionError, InputTypeError, UnsupportedLayerError
 from . import convert
 from .aten import jax_dtype
+from .attention import id_readers
 from .export import Translated, cache_key, translate
 from .families import BATCH_NORMS, DROPOUTS
 from .graph import Graph
@@ -85,9 +86,14 @@ def empirical_graph(model: nn.Module, x1: torch.Tensor, conversion: dict,
     weights = model if weights is None else weights
     key = cache_key(model, x1)
     entry = programs.ProgramKey.of("translation", key, ())
-    if x1.is_floating_point() and programs.get(entry) is None:  # translated before: no converter
+    if programs.get(entry) is None:  # translated before: no converter
         try:
-            return convert(weights, **conversion)
+            graph = convert(weights, **conversion)
+            if x1.is_floating_point():
+                return graph
+            if id_readers(graph):  # token ids read by an Embedding
+                check_eval_mode(model)
+                return graph
         except (UnsupportedLayerError, ConversionError):
             pass  # no converter, or not traceable by torch.fx: the translation serves
     check_eval_mode(model)

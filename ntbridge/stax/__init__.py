@@ -6,11 +6,13 @@ Layers use torch's layout (channels first) and torch's semantics; ``kernel_fn`` 
 
 from .activations import (ABRelu, Abs, Cos, Erf, Exp, Gelu, LeakyRelu, Numerical, RectifiedMonomial,
                           Relu, Sign, Sin, ab_relu_rule, elementwise)
+from .attention import SelfAttention, Stds
 from .combinators import INPUT, FanInConcat, FanInSum, FanOut, Scale, dag, parallel, serial
 from .conv import Conv
 from .dropout import Dropout
 from .graph import Aggregate
 from .indexing import FanInStack, Index, Reduce, Unsqueeze
+from .embedding import Embedding, Positions
 from .kernel import Kernel, input_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer, with_hyper
 from .normalization import BatchNorm, ChannelMoments, LayerNorm
@@ -19,15 +21,17 @@ from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, LPPool1, MaxPool
 from .products import FanInProd
 from .reshape import Flatten, Unflatten
 from .resize import PixelShuffle, PixelUnshuffle, Upsample
+from .sequence import TokenMean, TokenSelect, sequence_kernel
+from .softmax_moments import Rule
 from .transpose import ConvTranspose
 
-__all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate", "AvgPool",
-           "BatchNorm", "ChannelMoments", "Conv", "ConvTranspose", "Cos", "Dense", "Dropout", "Erf",
-           "Exp", "FanInConcat", "FanInProd", "FanInStack", "FanInSum", "FanOut", "Flatten", "Gelu",
-           "Identity", "Index", "INPUT", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1",
-           "MaxPool",
+__all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
+           "AvgPool", "BatchNorm", "ChannelMoments", "Conv", "ConvTranspose", "Cos",
+           "Dense", "Dropout", "Embedding", "Erf", "Exp", "FanInConcat", "FanInProd",
+           "FanInStack", "FanInSum", "FanOut", "Flatten", "Gelu", "INPUT", "Identity",
+           "Index", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
            "Numerical", "Outer", "PARAMETERIZATIONS", "Piece", "Pieces", "PixelShuffle",
-           "PixelUnshuffle", "RectifiedMonomial", "Reduce", "Relu", "Scale", "Sign", "Sin",
-           "Unflatten", "Unsqueeze", "Upsample",
-           "ab_relu_rule", "dag", "elementwise", "input_kernel", "parallel", "serial",
-           "with_hyper"]
+           "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "Rule",
+           "Scale", "SelfAttention", "Sign", "Sin", "Stds", "TokenMean", "TokenSelect",
+           "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag", "elementwise",
+           "input_kernel", "parallel", "sequence_kernel", "serial", "with_hyper"]

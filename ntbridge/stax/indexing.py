@@ -33,6 +33,7 @@ from .kernel import Kernel, map_arrays
 from .layers import Layer
 from .pooling import separable_linear
 from .reshape import Flatten, axis_of, reshaped
+from .sequence import TokenMean, TokenSelect
 
 Key = tuple  # of ints, slices and at most one Ellipsis, as in x[key]
 
@@ -68,6 +69,17 @@ def _squeeze(k: Kernel, axis: int, name: str) -> Kernel:
             f"{name} leaves one number per example, which has no kernel layout here: keep the "
             f"axis (h[:, 0:1], keepdim=True).")
     return Flatten(1, 2).kernel_fn(k)
+
+
+def _of_tokens(k: Kernel, kept: dict[int, list[int]], removed: list[int], name: str) -> Kernel:
+    """``x[:, i]`` of sequences ``(N, T, d)`` (:mod:`.sequence`): one token's entry of the kernel.
+    Other selections of sequences have no rule here."""
+    if removed == [1] and list(kept) == [1]:
+        return TokenSelect(kept[1][0]).kernel_fn(k)
+    raise UnsupportedLayerError(
+        f"{name} of sequences (N, T, d) has a kernel rule for one token, x[:, i], only; select "
+        f"tokens or features of the input before the model, or use ntbridge.empirical_ntk / "
+        f"ntbridge.monte_carlo.")
 
 
 def _selections(key: Key, shape: tuple[int, ...]) -> tuple[dict[int, list[int]], list[int]]:
@@ -112,6 +124,8 @@ def Index(key: Key, name: str = "indexing") -> Layer:
 
     def kernel_fn(k: Kernel) -> Kernel:
         kept, removed = _selections(key, k.shape1)
+        if k.tokens:
+            return _of_tokens(k, kept, removed, name)
         for axis, indices in kept.items():
             if axis == 1:
                 k = _channels(k, len(indices), 1.0, name)
@@ -148,6 +162,13 @@ def Reduce(dims: Sequence[int], keepdim: bool = False, mean: bool = True,
 
     def kernel_fn(k: Kernel) -> Kernel:
         found = axes(k.shape1)
+        if k.tokens:  # sequences (N, T, d): the mean over tokens, x.mean(1), has a rule
+            if found != [1] or keepdim:
+                raise UnsupportedLayerError(
+                    f"{name} over dims {tuple(dims)} of sequences (N, T, d): only the mean or "
+                    f"sum over the tokens, x.mean(1), has a kernel rule here.")
+            tokens, k = k.shape1[1], TokenMean().kernel_fn(k)
+            return k if mean else map_arrays(k, lambda a, n: tokens ** 2 * a)
         for axis in found:
             size = k.shape1[axis]
             if axis == 1:  # the mean of C i.i.d. channels has 1/C their kernel, their sum C

@@ -7,6 +7,10 @@ Shapes (torch layout, channels first; the channel axis is averaged out):
   ``(N1, N2, S1, S1', S2, S2', ...)`` (every pair of positions, axes interleaved) otherwise.
 * ``cov1``, ``cov2``: each example's covariance with itself, ``(N1, ...)`` and ``(N2, ...)``, with
   the same spatial part as ``nngp``.
+
+Sequences ``(N, T, d)`` (``tokens``: features last, as torch's ``batch_first`` layers and per-token
+layers use them) have the token axis as their one spatial axis: ``(N1, N2, T, T')`` for every pair
+of tokens, as Neural Tangents' ``channel_axis=-1`` layers keep it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ class Kernel:
       is_gaussian: whether the outputs are Gaussian in the infinite-width limit (after an affine
         layer, not after a nonlinearity); closed-form nonlinearity rules need it.
       diagonal_spatial: whether only same-position covariances are kept (see module doc).
+      tokens: whether the outputs are sequences ``(N, T, d)``, features last (see module doc).
+      error: an estimate of the relative error of numerically integrated expectations so far (a
+        scalar; None where every rule was exact), e.g. attention's (``softmax_moments.py``).
     """
 
     nngp: jax.Array
@@ -42,19 +49,25 @@ class Kernel:
     x1_is_x2: bool
     is_gaussian: bool
     diagonal_spatial: bool
+    tokens: bool = False
+    error: jax.Array | None = None
 
     def replace(self, **changes) -> "Kernel":
         return dataclasses.replace(self, **changes)
 
     @property
     def spatial_shape(self) -> tuple[int, ...]:
-        return self.shape1[2:]
+        return self.shape1[1:-1] if self.tokens else self.shape1[2:]
+
+    def with_error(self, error: jax.Array) -> "Kernel":
+        """``self`` with ``error`` folded into its error estimate (the larger one)."""
+        return self.replace(error=error if self.error is None else jnp.maximum(self.error, error))
 
 
 jax.tree_util.register_dataclass(
     Kernel,
-    data_fields=["nngp", "ntk", "cov1", "cov2"],
-    meta_fields=["shape1", "shape2", "x1_is_x2", "is_gaussian", "diagonal_spatial"],
+    data_fields=["nngp", "ntk", "cov1", "cov2", "error"],
+    meta_fields=["shape1", "shape2", "x1_is_x2", "is_gaussian", "diagonal_spatial", "tokens"],
 )
 
 

@@ -19,6 +19,11 @@ A layer is a tiny stax triple plus what it requires of its input kernel:
 * ``hyper``: the layer's hyper-parameters, the numbers its ``kernel_fn`` reads that a user may
   want to differentiate or fit (the affine layers' ``W_std`` and ``b_std``): a dict from name to
   float, the values the layer was built with (combinators: a tuple, one entry per layer).
+* ``input_kernel``: for a layer reading inputs that are not channels-first features (sequences
+  ``(N, T, d)``, token ids), ``input_kernel(x1, x2, compute_ntk=, diagonal_spatial=) -> Kernel``
+  of the raw inputs in the layout it expects; a network takes that of a layer reading its input,
+  else of any layer (attention needs sequences), else the channels-first
+  :func:`~ntbridge.stax.kernel.input_kernel`.
 
 How a layer declares hyper-parameters: it lists them with their values in ``hyper`` and takes
 them as the second argument of its ``kernel_fn``, defaulting to those values::
@@ -76,6 +81,7 @@ class Layer(NamedTuple):
     affine: bool = False
     pairwise: bool = True
     hyper: Any = {}
+    input_kernel: Callable[..., Kernel] | None = None
 
 
 def with_hyper(layer: Layer, hyper: Any = None) -> Callable[[Kernel], Kernel]:
@@ -131,6 +137,21 @@ def affine_ntk(k: Kernel, nngp_out: jax.Array, fan_in: int, W_std: float, has_bi
     return own + W_std ** 2 * k.ntk
 
 
+def dense_rule(k: Kernel, in_features: int, out_features: int, W_std: float,
+               b_std: float | None, parameterization: str) -> Kernel:
+    """The kernel after ``y = W x + b`` on the last axis (features of vectors, or of each token):
+    ``K -> W_std**2 K + b_std**2`` entry by entry, the NTK by :func:`affine_ntk`."""
+    has_bias = b_std is not None
+    b_var = b_std ** 2 if has_bias else 0.0
+    affine = lambda c: W_std ** 2 * c + b_var
+    nngp = affine(k.nngp)
+    return k.replace(
+        nngp=nngp, cov1=affine(k.cov1), cov2=affine(k.cov2),
+        ntk=affine_ntk(k, nngp, in_features, W_std, has_bias, parameterization),
+        shape1=(*k.shape1[:-1], out_features), shape2=(*k.shape2[:-1], out_features),
+        is_gaussian=True)
+
+
 def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | None,
           parameterization: str = "standard", distribution: str = "uniform") -> Layer:
     """torch's ``nn.Linear(in_features, out_features, bias=b_std is not None)``.
@@ -163,19 +184,13 @@ def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | N
         return y + params["bias"] if has_bias else y
 
     def kernel_fn(k, hyper=hyper):
-        if len(k.shape1) != 2:
+        if len(k.shape1) != 2 and not k.tokens:
             raise UnsupportedLayerError(
                 f"Linear on inputs of shape {k.shape1} has no kernel rule here: the analytic "
-                f"kernel needs (N, features) inputs (add nn.Flatten() before it).")
-        W = hyper["W_std"]
-        b_var = hyper["b_std"] ** 2 if has_bias else 0.0
-        affine = lambda c: W ** 2 * c + b_var
-        nngp = affine(k.nngp)
-        return k.replace(
-            nngp=nngp, cov1=affine(k.cov1), cov2=affine(k.cov2),
-            ntk=affine_ntk(k, nngp, in_features, W, has_bias, parameterization),
-            shape1=(k.shape1[0], out_features), shape2=(k.shape2[0], out_features),
-            is_gaussian=True)
+                f"kernel needs (N, features) inputs or sequences (N, T, features) (add "
+                f"nn.Flatten() before it).")
+        return dense_rule(k, in_features, out_features, hyper["W_std"], hyper.get("b_std"),
+                          parameterization)
 
     def structure(params, x):
         rows = lambda g: g.reshape(g.shape[0], -1, g.shape[-1])

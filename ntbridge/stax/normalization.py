@@ -15,7 +15,9 @@ from .layers import Layer
 
 def LayerNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | None = None,
               bias: float | None = None) -> Layer:
-    """torch's ``nn.LayerNorm(normalized_shape, eps)`` over every non-batch axis, ``(N, C, *S)``.
+    """torch's ``nn.LayerNorm(normalized_shape, eps)`` over every non-batch axis, ``(N, C, *S)``,
+    or over each token's features of sequences ``(N, T, d)`` (``normalized_shape = (d,)``: the
+    same rule per token, with each token's own variance ``v_t``).
 
     ``weight``/``bias`` are the affine parameters' values, each constant over its entries (None:
     no such parameter). Forward: ``(x - mean) / sqrt(var + eps) * weight + bias`` per example.
@@ -30,16 +32,20 @@ def LayerNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | Non
         >>> layer = LayerNorm((64,), 1e-5, weight=1.0, bias=0.0)
     """
 
+    n_axes = len(normalized_shape)
+
     def init_fn(key, input_shape):
-        if tuple(input_shape[1:]) != tuple(normalized_shape):
+        if (tuple(input_shape[-n_axes:]) != tuple(normalized_shape)
+                or len(input_shape) - n_axes not in (1, 2)):
             raise ShapeError(f"normalizes over {tuple(normalized_shape)}, which must be the whole "
-                             f"per-example shape, got inputs {tuple(input_shape)}")
+                             f"per-example shape or each token's features (N, T, d), got inputs "
+                             f"{tuple(input_shape)}")
         fresh = {"weight": (weight, jnp.ones), "bias": (bias, jnp.zeros)}  # torch's own init
         return tuple(input_shape), {name: init(tuple(normalized_shape))
                                     for name, (value, init) in fresh.items() if value is not None}
 
     def apply_fn(params, x):
-        axes = tuple(range(1, x.ndim))
+        axes = tuple(range(x.ndim - n_axes, x.ndim))
         mean = x.mean(axes, keepdims=True)
         var = jnp.square(x - mean).mean(axes, keepdims=True)
         y = (x - mean) * jax.lax.rsqrt(var + eps)
@@ -48,26 +54,49 @@ def LayerNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | Non
         return y + params["bias"] if "bias" in params else y
 
     def kernel_fn(k: Kernel) -> Kernel:
+        per_token = len(k.shape1) - n_axes == 2
+        if per_token and not k.tokens:
+            raise ShapeError(
+                f"LayerNorm{tuple(normalized_shape)} of inputs {k.shape1} normalizes each "
+                f"position's features: a kernel rule for sequences (N, T, d) of a sequence model "
+                f"(with attention or an embedding); otherwise it must be the whole per-example "
+                f"shape.")
         if not k.is_gaussian:
             raise UnsupportedLayerError(
                 "LayerNorm's kernel rule needs a zero-mean Gaussian input (the output of a "
                 "Linear/Conv layer or of another LayerNorm); its input here has a nonzero mean per "
                 "example. Put an affine layer before it, or use ntbridge.empirical_ntk.")
         v1, v2 = (_diagonal_variances(c, k.diagonal_spatial) for c in (k.cov1, k.cov2))
-        v1, v2 = (v.reshape(v.shape[0], -1).mean(1) + eps for v in (v1, v2))
-        pad = (1,) * (k.nngp.ndim - 2)
-        scale = lambda a, va, vb: a * jax.lax.rsqrt(va) * jax.lax.rsqrt(vb)
-        nngp = scale(k.nngp, v1.reshape(-1, 1, *pad), v2.reshape(1, -1, *pad))
-        cov = lambda c, v: scale(c, v.reshape(-1, *pad), v.reshape(-1, *pad))
+        if per_token:  # each token of (N, T, d) on its own: variances (N, T)
+            v1, v2 = v1 + eps, v2 + eps
+            both = lambda va, vb, pairs: _token_pairs(va, vb, pairs, k.diagonal_spatial)
+            nngp = k.nngp * both(v1, v2, True)
+            cov = lambda c, v: c * both(v, v, False)
+            scaled = lambda a: a * both(v1, v2, True)
+        else:
+            v1, v2 = (v.reshape(v.shape[0], -1).mean(1) + eps for v in (v1, v2))
+            pad = (1,) * (k.nngp.ndim - 2)
+            scale = lambda a, va, vb: a * jax.lax.rsqrt(va) * jax.lax.rsqrt(vb)
+            nngp = scale(k.nngp, v1.reshape(-1, 1, *pad), v2.reshape(1, -1, *pad))
+            cov = lambda c, v: scale(c, v.reshape(-1, *pad), v.reshape(-1, *pad))
+            scaled = lambda a: scale(a, v1.reshape(-1, 1, *pad), v2.reshape(1, -1, *pad))
         w2 = 1.0 if weight is None else weight ** 2
         b2 = 0.0 if bias is None else bias ** 2
         own = (0.0 if weight is None else nngp) + (0.0 if bias is None else 1.0)
-        ntk = None if k.ntk is None else (
-            w2 * scale(k.ntk, v1.reshape(-1, 1, *pad), v2.reshape(1, -1, *pad)) + own)
+        ntk = None if k.ntk is None else w2 * scaled(k.ntk) + own
         return k.replace(nngp=w2 * nngp + b2, ntk=ntk, cov1=w2 * cov(k.cov1, v1) + b2,
                          cov2=w2 * cov(k.cov2, v2) + b2, is_gaussian=b2 == 0)  # else not centred
 
     return Layer(init_fn, apply_fn, kernel_fn)
+
+
+def _token_pairs(va: jax.Array, vb: jax.Array, pairs: bool, diagonal_spatial: bool):
+    """``1 / sqrt(va[t] vb[t'])`` for variances ``(N, T)``, broadcasting against a kernel of
+    token pairs (``pairs``: of two batches, ``(Na, Nb, T, T')``; else one, ``(N, T, T')``)."""
+    ra, rb = jax.lax.rsqrt(va), jax.lax.rsqrt(vb)
+    if not diagonal_spatial:
+        ra, rb = ra[..., :, None], rb[..., None, :]
+    return ra[:, None] * rb[None] if pairs else ra * rb
 
 
 class ChannelMoments(NamedTuple):

@@ -1,0 +1,164 @@
+"""Transformer kernels: agreement with Neural Tangents and speed.
+
+Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
+
+* ``linear-scaling vs NT``: two tied, ``1/d`` self-attention layers with a ReLU between them
+  (``GlobalSelfAttention(linear_scaling=True)``), NTK parameterization, float64: the largest
+  relative difference of the NNGP and NTK, and the time of each library's jitted ``kernel_fn``
+  (median of 5 calls after the first), on the same inputs;
+* ``width sweep``: ``ntbridge.analysis.width_sweep`` of a 2-layer encoder (Embedding + positions,
+  mean pooling, Linear) whose heads grow as ``sqrt(width)``: the NTK's relative error per width
+  and its fitted slope (the finite-width rate is ``width**-1/2``);
+* ``text classifier``: Embedding(1000, 64) + learned positions, 2 encoder layers of 4 heads, mean
+  pooling, Linear, on N = 64 sequences of 16 tokens, float32: the analytic NNGP + NTK of torch's
+  attention (public ``ntbridge.kernel``, first call and steady call) and the reported relative
+  error of its numerical expectation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+N, T, D, HEADS = 16, 8, 16, 2  # linear-scaling workload
+STDS = dict(qk=1.2, v=1.1, o=0.9)
+
+NT_WORKLOAD = """
+import json, sys, time, statistics
+import jax, numpy as np
+jax.config.update("jax_enable_x64", True)
+from neural_tangents import stax
+n, t, d, heads, qk, v, o = json.loads(sys.argv[1])
+att = lambda: stax.GlobalSelfAttention(d, d, d, heads, linear_scaling=True, W_key_std=qk ** 0.5,
+                                       W_query_std=qk ** 0.5, W_value_std=v, W_out_std=o)
+_, _, kernel_fn = stax.serial(att(), stax.Relu(), att())
+x = np.random.default_rng(0).standard_normal((n, t, d))
+fn = jax.jit(kernel_fn, static_argnames="get")
+k = fn(x, None, get=("nngp", "ntk")); k.nngp.block_until_ready()
+times = []
+for _ in range(5):
+    s = time.perf_counter(); fn(x, None, get=("nngp", "ntk")).ntk.block_until_ready()
+    times.append(time.perf_counter() - s)
+print(json.dumps({"nngp": np.asarray(k.nngp).tolist(), "ntk": np.asarray(k.ntk).tolist(),
+                  "time": statistics.median(times)}))
+"""
+
+
+def ours_linear():
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    from ntbridge import stax
+    from ntbridge.stax.covariances import evaluate
+
+    s = stax.Stds(STDS["qk"] ** 0.5, STDS["qk"] ** 0.5, STDS["v"], STDS["o"], None, None, None,
+                  None)
+    att = lambda: stax.SelfAttention(D, HEADS, s, parameterization="ntk", linear_scaling=True)
+    net = stax.serial(att(), stax.Relu(), att())
+    x = np.random.default_rng(0).standard_normal((N, T, D))
+    fn = jax.jit(lambda a: evaluate(net, a, None, ("nngp", "ntk")))
+    k = fn(x)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(x))
+        times.append(time.perf_counter() - start)
+    return {name: np.asarray(v) for name, v in k.items()}, statistics.median(times)
+
+
+def linear_rows(nt_python: str | None) -> None:
+    ours, ours_time = ours_linear()
+    if nt_python is None:
+        print(f"linear-scaling: ours {ours_time * 1e3:.1f} ms (no NT environment given)")
+        return
+    out = subprocess.run([nt_python, "-c", NT_WORKLOAD, json.dumps(
+        [N, T, D, HEADS, STDS["qk"], STDS["v"], STDS["o"]])], capture_output=True, text=True,
+        check=True)
+    nt = json.loads(out.stdout.strip().splitlines()[-1])
+    for name in ("nngp", "ntk"):
+        ref = np.asarray(nt[name])
+        diff = np.abs(ours[name] - ref).max() / np.abs(ref).max()
+        print(f"linear-scaling vs NT, {name}: max relative difference {diff:.2e}")
+    print(f"linear-scaling vs NT, time: ours {ours_time * 1e3:.1f} ms, NT {nt['time'] * 1e3:.1f} "
+          f"ms: {ours_time / nt['time']:.2f}x")
+
+
+def sweep_rows(quick: bool) -> None:
+    import torch
+    from torch import nn
+
+    from ntbridge.analysis import width_sweep
+
+    vocab, length = 20, 4
+
+    class Encoder(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d)
+            self.pos = nn.Parameter(0.5 * torch.randn(length, d))
+            layer = nn.TransformerEncoderLayer(d, int(d ** 0.5), 2 * d, batch_first=True)
+            self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = nn.Linear(d, 1)
+
+        def forward(self, ids):
+            return self.head(self.enc(self.emb(ids) + self.pos).mean(1))
+
+    widths = [16, 64, 256] if quick else [16, 64, 256, 1024]
+    ids = torch.randint(0, vocab, (4, length), generator=torch.Generator().manual_seed(0))
+    sweep = width_sweep(lambda w: Encoder(w).eval(), widths, ids, n_seeds=3, progress=False)
+    print(sweep)
+    print(f"width sweep, 2-layer encoder, heads = sqrt(width): slope {sweep.slope:.2f}")
+
+
+def classifier_rows(quick: bool) -> None:
+    import torch
+    from torch import nn
+
+    import ntbridge
+
+    n, t, vocab, d = (16, 8, 1000, 64) if quick else (64, 16, 1000, 64)
+
+    class TextClassifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d)
+            self.pos = nn.Parameter(0.1 * torch.randn(t, d))
+            layer = nn.TransformerEncoderLayer(d, 4, 4 * d, batch_first=True)
+            self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = nn.Linear(d, 1)
+
+        def forward(self, ids):
+            return self.head(self.enc(self.emb(ids) + self.pos).mean(1))
+
+    torch.manual_seed(0)
+    model = TextClassifier().eval()
+    ids = torch.randint(0, vocab, (n, t))
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        ntbridge.kernel(model, ids)
+        times.append(time.perf_counter() - start)
+    error = ntbridge.expectation_error(model, ids)
+    print(f"text classifier N={n} T={t}: NNGP + NTK first call {times[0]:.1f} s, steady "
+          f"{times[1]:.1f} s; relative error of the expectation {error:.1e}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nt-python", help="a Python with Neural Tangents 0.6.5")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rows", default="linear,sweep,classifier")
+    args = parser.parse_args()
+    if "linear" in args.rows:
+        linear_rows(args.nt_python)
+    if "sweep" in args.rows:
+        sweep_rows(args.quick)
+    if "classifier" in args.rows:
+        classifier_rows(args.quick)
+    sys.exit(0)

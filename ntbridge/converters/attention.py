@@ -1,0 +1,232 @@
+"""Converters of transformers: ``nn.Embedding``, ``nn.MultiheadAttention`` (self-attention),
+``nn.TransformerEncoderLayer`` and ``nn.TransformerEncoder``, as sequences ``(N, T, d)``.
+
+An encoder layer is one stax network of its submodules' layers and the residual sums (post-norm
+``x = norm1(x + sa(x)); x = norm2(x + ff(x))``, or pre-norm ``x = x + sa(norm1(x)); x = x +
+ff(norm2(x))`` with ``norm_first``; ``ff = linear2(dropout(activation(linear1(x))))``), its
+parameters keyed by their qualified names within the module. The calls' masks come from
+``ctx.call`` (the keyword arguments of a traced call, see :mod:`.fx`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import torch
+from torch import nn
+
+from .. import stax
+from ..errors import InputError, InputTypeError, UnsupportedLayerError
+from ..stax.attention import SelfAttention, Stds
+from ..stax.embedding import Embedding
+from .functional import FUNCTIONS
+from .registry import Context, find_converter, register
+
+# torch's initialisation of MultiheadAttention: xavier_uniform_ of in_proj_weight (3E, E), variance
+# 2 / (E + 3E), i.e. W_std**2 = 1/2 for queries, keys, values; out_proj as nn.Linear, 1/3; zero biases
+TORCH_ATTENTION_STDS = (0.5 ** 0.5, 0.5 ** 0.5, 0.5 ** 0.5, 3 ** -0.5)
+
+
+@register(nn.Embedding)
+def _embedding(module: nn.Embedding, ctx: Context) -> stax.Layer:
+    if module.max_norm is not None:
+        raise UnsupportedLayerError("nn.Embedding(max_norm=...) renormalises its rows on use; "
+                                    "the analytic kernel has no rule for it (drop max_norm).")
+    w = module.weight.detach().double()
+    if module.padding_idx is not None:
+        w = torch.cat([w[:module.padding_idx], w[module.padding_idx + 1:]])
+    o = ctx.options
+    std = 1.0 if o.init == "torch" else w.pow(2).mean().sqrt().item()  # torch's init: N(0, 1)
+    explicit = o.explicit(o.W_std, ctx.name)
+    std = std if explicit is None else float(explicit)
+    ctx.hyper = {"W_std": std}
+    return Embedding(module.num_embeddings, module.embedding_dim, W_std=std,
+                     padding_idx=module.padding_idx, parameterization=o.parameterization)
+
+
+def _attention_stds(module: nn.MultiheadAttention, ctx: Context) -> Stds:
+    """The projections' standard deviations (``init`` option, as ``Context.affine`` for Linear)."""
+    e, o = module.embed_dim, ctx.options
+    has_bias = module.in_proj_bias is not None
+    if o.init == "torch":
+        W, b = list(TORCH_ATTENTION_STDS), [0.0] * 4
+    else:
+        rms = lambda t: t.detach().double().pow(2).mean().sqrt().item()
+        weights = [*module.in_proj_weight.chunk(3), module.out_proj.weight]
+        W = [rms(w) * e ** 0.5 for w in weights]
+        b = [rms(t) for t in (*module.in_proj_bias.chunk(3), module.out_proj.bias)] if has_bias \
+            else [0.0] * 4
+    W_exp, b_exp = o.explicit(o.W_std, ctx.name), o.explicit(o.b_std, ctx.name)
+    W = W if W_exp is None else [float(W_exp)] * 4
+    b = b if b_exp is None else [float(b_exp)] * 4
+    ctx.hyper = {"W_std": tuple(W), "b_std": tuple(b) if has_bias else None}
+    return Stds(*W, *(b if has_bias else [None] * 4))
+
+
+def additive_mask(mask, length: int | None, where: str) -> jnp.ndarray | None:
+    """torch's ``attn_mask`` ``(T, T)`` as an additive float mask (boolean True: not allowed)."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 2 or mask.shape[0] != mask.shape[1]:
+        raise UnsupportedLayerError(
+            f"{where}: attn_mask must be one (T, T) tensor shared by the batch (a causal or other "
+            f"fixed mask), got {getattr(mask, 'shape', mask)!r}; per-example or per-head masks "
+            f"(3-d) have no kernel rule here.")
+    m = mask.detach().cpu()
+    m = torch.where(m, -math.inf, 0.0) if m.dtype == torch.bool else m.double()
+    return jnp.asarray(m.numpy())
+
+
+def _call_mask(ctx: Context, names: tuple[str, ...], causal_name: str | None, where: str):
+    """The (T, T) additive mask of a traced call's keyword arguments (None: none)."""
+    call = ctx.call or {}
+    padding = call.get("key_padding_mask", call.get("src_key_padding_mask"))
+    if padding is not None:
+        raise UnsupportedLayerError(
+            f"{where}: key_padding_mask (per-example padding) has no kernel rule in ntbridge yet; "
+            f"compute the kernel of each length's sequences separately, without padding.")
+    mask = next((call[n] for n in names if call.get(n) is not None), None)
+    if causal_name and call.get(causal_name) and mask is None:
+        raise UnsupportedLayerError(f"{where}: {causal_name}=True needs the causal mask itself as "
+                                    f"well (torch treats it as a hint); pass mask=...")
+    return additive_mask(mask, None, where)
+
+
+@register(nn.MultiheadAttention)
+def _attention(module: nn.MultiheadAttention, ctx: Context) -> stax.Layer:
+    where = f"MultiheadAttention '{ctx.name}'"
+    if not module._qkv_same_embed_dim:
+        raise UnsupportedLayerError(f"{where} has kdim/vdim different from embed_dim: that is "
+                                    f"cross-attention, which has no kernel rule here (only "
+                                    f"self-attention, attn(x, x, x)).")
+    for option in ("bias_k", "bias_v"):
+        if getattr(module, option) is not None:
+            raise UnsupportedLayerError(f"{where} uses add_bias_kv=True, which is not supported; "
+                                        f"build it without add_bias_kv.")
+    if module.add_zero_attn:
+        raise UnsupportedLayerError(f"{where} uses add_zero_attn=True, which is not supported.")
+    if module.training and module.dropout > 0:
+        raise UnsupportedLayerError(f"{where} drops attention weights in training mode "
+                                    f"(dropout={module.dropout}); call model.eval().")
+    if not module.batch_first:
+        raise UnsupportedLayerError(f"{where} has batch_first=False (inputs (T, N, E)); build it "
+                                    f"with batch_first=True and pass inputs (N, T, E).")
+    mask = _call_mask(ctx, ("attn_mask",), "is_causal", where)
+    return SelfAttention(module.embed_dim, module.num_heads, _attention_stds(module, ctx),
+                         parameterization=ctx.parameterization, mask=mask,
+                         linear_scaling=ctx.options.attention == "linear")
+
+
+def _sub(module: nn.Module, name: str, ctx: Context, call: dict | None = None) -> stax.Layer:
+    """The stax layer of submodule ``module`` (qualified ``ctx.name + '.' + name``)."""
+    sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options, call=call)
+    converter = find_converter(module)
+    if converter is None:
+        raise UnsupportedLayerError(f"{sub.name} ({type(module).__name__}) has no kernel rule.")
+    layer = converter(module, sub)
+    ctx.hyper.update({f"{name}.{k}": v for k, v in sub.hyper.items()})
+    return layer
+
+
+def nested(parts: list[tuple[str, stax.Layer]], inputs: list[tuple[int, ...]]) -> stax.Layer:
+    """A ``dag`` of ``parts`` (prefix, layer) whose params are one dict keyed ``prefix.name``."""
+    net = stax.dag([layer for _, layer in parts], inputs)
+    prefixes = [p + "." for p, _ in parts]
+
+    def split(params):
+        return tuple({k[len(p):]: v for k, v in params.items() if k.startswith(p)}
+                     for p in prefixes)
+
+    def init_fn(key, shape):
+        out, per = net.init_fn(key, shape)
+        return out, {p + k: v for p, lp in zip(prefixes, per) for k, v in lp.items()}
+
+    return net._replace(init_fn=init_fn, apply_fn=lambda params, x: net.apply_fn(split(params), x))
+
+
+def _activation(module: nn.TransformerEncoderLayer, ctx: Context) -> stax.Layer:
+    act = module.activation
+    act = FUNCTIONS[act]() if act in FUNCTIONS else act
+    if not isinstance(act, nn.Module):
+        raise UnsupportedLayerError(f"{ctx.name}: activation {act!r} is not supported; use "
+                                    f"'relu', 'gelu' or an activation module.")
+    return _sub(act, "activation", ctx)
+
+
+def encoder_layer(module: nn.TransformerEncoderLayer, ctx: Context, call: dict | None):
+    """The stax network of one encoder layer (module doc)."""
+    sa = ("self_attn", _sub(module.self_attn, "self_attn", ctx, call))
+    ff = [(n, _sub(getattr(module, n), n, ctx)) for n in ("linear1",)]
+    ff += [("activation", _activation(module, ctx))]
+    ff += [(n, _sub(getattr(module, n), n, ctx)) for n in ("dropout", "linear2")]
+    norm1, norm2 = (("norm1", _sub(module.norm1, "norm1", ctx)),
+                    ("norm2", _sub(module.norm2, "norm2", ctx)))
+    add = lambda i: (f"~add{i}", stax.FanInSum())
+    i = stax.INPUT
+    if module.norm_first:  # 0 n1, 1 sa, 2 add, 3 n2, 4-7 ff, 8 add
+        parts = [norm1, sa, add(0), norm2, *ff, add(1)]
+        inputs = [(i,), (0,), (i, 1), (2,), (3,), (4,), (5,), (6,), (2, 7)]
+    else:  # 0 sa, 1 add, 2 n1, 3-6 ff, 7 add, 8 n2
+        parts = [sa, add(0), norm1, *ff, add(1), norm2]
+        inputs = [(i,), (i, 0), (1,), (2,), (3,), (4,), (5,), (2, 6), (7,)]
+    return nested(parts, inputs)
+
+
+def _encoder_call(ctx: Context) -> dict:
+    call = dict(ctx.call or {})
+    return {"attn_mask": call.get("src_mask", call.get("mask")),
+            "key_padding_mask": call.get("src_key_padding_mask"),
+            "is_causal": call.get("is_causal")}
+
+
+@register(nn.TransformerEncoderLayer)
+def _encoder_layer(module: nn.TransformerEncoderLayer, ctx: Context) -> stax.Layer:
+    if not module.self_attn.batch_first:
+        raise UnsupportedLayerError("TransformerEncoderLayer with batch_first=False (inputs "
+                                    "(T, N, d)) is not supported; build it with batch_first=True.")
+    return encoder_layer(module, ctx, _encoder_call(ctx))
+
+
+@register(nn.TransformerEncoder)
+def _encoder(module: nn.TransformerEncoder, ctx: Context) -> stax.Layer:
+    call = _encoder_call(ctx)
+    parts = []
+    for j, layer in enumerate(module.layers):
+        name = f"layers.{j}"
+        sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options)
+        if not layer.self_attn.batch_first:
+            raise UnsupportedLayerError(f"{sub.name}: batch_first=False (inputs (T, N, d)) is not "
+                                        f"supported; build the layers with batch_first=True.")
+        parts.append((name, encoder_layer(layer, sub, call)))
+        ctx.hyper.update({f"{name}.{k}": v for k, v in sub.hyper.items()})
+    if module.norm is not None:
+        parts.append(("norm", _sub(module.norm, "norm", ctx)))
+    return nested(parts, [(j - 1,) for j in range(len(parts))])
+
+
+def id_readers(graph) -> list:
+    """The nodes of ``graph`` (a converted or translated model) reading token ids: nn.Embedding
+    modules fed by the model's input."""
+    return [n for n in getattr(graph, "layers", ())
+            if isinstance(getattr(n, "module", None), nn.Embedding) and n.inputs == (stax.INPUT,)]
+
+
+def check_ids(graph, x1: torch.Tensor, x2: torch.Tensor | None, empirical: bool) -> None:
+    """Token ids must be read by an ``nn.Embedding`` (analytic kernels) and within its range."""
+    readers = id_readers(graph)
+    if not readers:
+        if empirical:
+            return
+        raise InputTypeError(
+            f"x1 has dtype {x1.dtype} (token ids?), but the model does not read them with an "
+            f"nn.Embedding as its first module: pass floating-point inputs (x1.float()), or embed "
+            f"the ids first.")
+    n = readers[0]
+    for name, x in (("x1", x1), ("x2", x2)):
+        if x is not None and x.numel() and (int(x.min()) < 0
+                                            or int(x.max()) >= n.module.num_embeddings):
+            raise InputError(
+                f"{name} holds token ids from {int(x.min())} to {int(x.max())}, outside the range "
+                f"[0, {n.module.num_embeddings}) of {n.where}; map them into the vocabulary "
+                f"(e.g. an unknown-token id).")

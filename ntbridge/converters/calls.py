@@ -1,0 +1,84 @@
+"""The calls of transformer modules in a traced ``forward`` (:mod:`.fx`): self-attention's and
+encoders' arguments, their output, and learned positional embeddings ``x + self.pos``.
+
+``attn(x, x, x, attn_mask=self.mask, need_weights=False)[0]`` becomes one node fed by ``x``, its
+other arguments handed to the converter (``Context.call``); a mask must be a tensor of the model
+(a buffer, or a parameter) rather than one computed in ``forward``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+
+import torch
+from torch import fx, nn
+
+from ..errors import UnsupportedLayerError
+from .sequence import AddPositions
+
+ATTENTION_MODULES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
+_TENSOR_ARGS = {nn.MultiheadAttention: ("query", "key", "value"),
+                nn.TransformerEncoderLayer: ("src",), nn.TransformerEncoder: ("src",)}
+
+
+def _constant(value, attrs: dict, name: str, where: str):
+    """A call's argument as the converter gets it: a tensor of the model, a number, or None."""
+    if isinstance(value, fx.Node):
+        if value in attrs:
+            return attrs[value]
+        raise UnsupportedLayerError(
+            f"{where}: its {name} is computed in forward; only masks that are tensors of the model "
+            f"are supported (register it: self.register_buffer('mask', ...), and pass self.mask).")
+    return value
+
+
+def attention_call(module: nn.Module, node: fx.Node, attrs: dict, where: str):
+    """``([the input node], {argument: value})`` of a traced call of an attention module."""
+    kind = next(t for t in _TENSOR_ARGS if isinstance(module, t))
+    try:
+        bound = inspect.signature(module.forward).bind(*node.args, **node.kwargs)
+    except TypeError as e:
+        raise UnsupportedLayerError(f"{where}: unsupported arguments ({e}).") from None
+    tensors = [bound.arguments[n] for n in _TENSOR_ARGS[kind]]
+    if any(t is not tensors[0] for t in tensors):
+        raise UnsupportedLayerError(
+            f"{where} is called with different query, key and value: cross-attention has no "
+            f"kernel rule here; only self-attention, attn(x, x, x), is supported.")
+    call = {n: _constant(v, attrs, n, where) for n, v in bound.arguments.items()
+            if n not in _TENSOR_ARGS[kind]}
+    return [tensors[0]], call
+
+
+def attention_output(node: fx.Node, calls: set) -> fx.Node | None:
+    """The attention call whose output ``node`` is (``out[0]``), or None; ``out[1]`` (the
+    attention weights) used downstream is refused."""
+    if not (node.op == "call_function" and node.target is operator.getitem
+            and node.args[0] in calls):
+        return None
+    if node.args[1] != 0:
+        raise UnsupportedLayerError(
+            f"'{node.args[0].target}': the attention weights (output [1], need_weights=True) are "
+            f"used downstream; they have no kernel rule. Use only the output [0] "
+            f"(and pass need_weights=False).")
+    return node.args[0]
+
+
+def is_positions(node: fx.Node, attrs: dict, params: dict) -> bool:
+    """Whether ``node`` adds a parameter ``(T, d)`` or ``(1, T, d)`` of the model to a tensor."""
+    adds = ((node.op == "call_function" and node.target in (operator.add, torch.add))
+            or (node.op == "call_method" and node.target == "add"))
+    if not adds or len(node.args) != 2 or node.kwargs:
+        return False
+    found = [a for a in node.args if a in attrs]
+    return (len(found) == 1 and found[0].target in params
+            and (attrs[found[0]].ndim == 2 or (attrs[found[0]].ndim == 3
+                                               and attrs[found[0]].shape[0] == 1)))
+
+
+def positions(node: fx.Node, attrs: dict) -> tuple[str, AddPositions, fx.Node]:
+    """For a node of :func:`is_positions`: the qualified name of the parameter's owner, the
+    :class:`AddPositions` module holding it (under its own name), and the sequence it adds to."""
+    x, p = sorted(node.args[:2], key=lambda a: a in attrs)
+    owner, _, local = p.target.rpartition(".")
+    return owner, AddPositions(local, attrs[p]), x

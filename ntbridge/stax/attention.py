@@ -1,0 +1,218 @@
+"""Self-attention as torch's ``nn.MultiheadAttention`` computes it, and Neural Tangents' variant.
+
+Inputs are sequences ``(N, T, E)`` (features last, :class:`~ntbridge.stax.kernel.Kernel` with
+``tokens``). For each head, ``q = x Wq^T + bq``, ``k``, ``v`` likewise, logits ``q k^T / sqrt(d)``
+(``d = E / heads``) plus an optional mask, ``A = softmax`` over keys, and the heads' ``A v``
+concatenated go through ``out_proj``.
+
+The limit (:func:`SelfAttention`): infinitely many channels per head and infinitely many heads.
+Per channel, queries, keys and values are Gaussian with covariances ``Kq = sq**2 K + bq**2`` (keys,
+values alike), independent of each other; the logits of a pair of examples are jointly Gaussian
+with ``Cov(G_n[t, s], G_m[t', s']) = Kq[nt, mt'] Kk[ns, ms']`` and independent of the values
+(Hron et al. 2020, "Infinite attention", sec. 3), so the output NNGP is
+``so**2 E[A_n Kv A_m^T] + bo**2``: the values' covariance weighted by the expectation of products
+of softmaxes (no closed form: :mod:`.softmax_moments` computes it, with an error estimate carried
+in ``Kernel.error``). The NTK adds every parameter's part: values and ``out_proj`` as affine layers
+(``E[A_n Tv A_m^T]``), queries and keys through the softmax's Jacobian ``J = diag(a) - a a^T``:
+``E[sum (J_n Kv J_m) * TG]`` with the logits' NTK ``TG = Tq Kk + Kq Tk`` (product rule).
+
+Which limit: a head's channels share its logits, so with a fixed number of heads the layer's
+output is a mixture of Gaussians. Its own NNGP (second moment) is exact at any head count, but a
+nonlinearity after it sees a Gaussian only when the heads grow too; rules after attention assume
+that (grow heads with width, e.g. ``heads ~ sqrt(width)``, to approach this kernel).
+
+``linear_scaling=True`` is Neural Tangents' ``GlobalSelfAttention`` variant: keys tied to the
+queries (``k = q``) and logits ``q q^T / d``, which converge to the constant ``sq**2 K_nn + bq**2``
+(NT's ``W_query_std * W_key_std`` is ``sq**2``): closed form; the queries and keys then carry no
+NTK of their own.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import ShapeError, UnsupportedLayerError
+from .kernel import Kernel
+from .layers import Layer, _sample
+from .sequence import sequence_kernel
+from .softmax_moments import Blocks, Rule, estimate, masked_softmax, normal_points, pair_moments, psd_factor
+
+
+class Stds(NamedTuple):
+    """Standard deviations of the projections: weights ``W_std`` (variance ``W_std**2 / E``) and
+    biases ``b_std`` (None: no bias), for queries, keys, values and the output."""
+
+    W_q: float
+    W_k: float
+    W_v: float
+    W_o: float
+    b_q: float | None
+    b_k: float | None
+    b_v: float | None
+    b_o: float | None
+
+
+def _projection(k: Kernel, W: float, b: float | None, fan_in: int, parameterization: str):
+    """Per-channel NNGP arrays ``(nngp, cov1, cov2)`` and NTK of ``W x + b`` (token pairs)."""
+    b2 = 0.0 if b is None else b * b
+    nngp, cov1, cov2 = (W * W * a + b2 for a in (k.nngp, k.cov1, k.cov2))
+    if k.ntk is None:
+        return (nngp, cov1, cov2), None
+    own = nngp if parameterization == "ntk" else fan_in * k.nngp + (0.0 if b is None else 1.0)
+    return (nngp, cov1, cov2), own + W * W * k.ntk
+
+
+def _joint(c_n, c_nm, c_m):
+    """The ``(2T, 2T)`` covariance of both examples' tokens from its blocks."""
+    return jnp.concatenate([jnp.concatenate([c_n, c_nm], -1),
+                            jnp.concatenate([jnp.swapaxes(c_nm, -1, -2), c_m], -1)], -2)
+
+
+def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule):
+    """Replicated ``E[A_n Kv A_m^T]`` (and the NTK's expectation) for the pairs of ``kq`` etc.:
+    tuples ``(cov_n, cov_nm, cov_m)`` of arrays broadcasting to ``kv`` ``(..., T, T)``; ``ntks``:
+    ``(tq, tk, tv)`` cross NTKs or None. Returns replicate arrays ``(R, ..., T, T)``."""
+    t, batch = kv.shape[-1], kv.shape[:-2]
+    z = jnp.asarray(normal_points(rule, t), kv.dtype)
+    full = lambda blocks: _joint(*(jnp.broadcast_to(b, kv.shape) for b in blocks))
+    lq, lk = psd_factor(full(kq)), psd_factor(full(kk))
+    tq, tk, tv = ntks if ntks is not None else (None, None, None)
+    blocks = Blocks(lq[..., :t, :], lq[..., t:, :], lk[..., :t, :], lk[..., t:, :], kv,
+                    jnp.broadcast_to(kq[1], kv.shape), jnp.broadcast_to(kk[1], kv.shape),
+                    tq, tk, tv)
+    flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[-2:]), blocks)
+    out = jax.vmap(lambda b: pair_moments(b, z, allowed, allowed, rule.chunk))(flat)
+    return jax.tree.map(lambda a: jnp.moveaxis(a, 1, 0).reshape(a.shape[1], *batch, t, t), out)
+
+
+def _relative(spread, mean):
+    """The largest standard error relative to the largest entry."""
+    return jnp.max(spread) / jnp.maximum(jnp.max(jnp.abs(mean)), jnp.finfo(mean.dtype).tiny)
+
+
+def _expectations(k: Kernel, kq, kk, kv, ntks, allowed, rule: Rule):
+    """``E[A Kv A'^T]`` for ``(nngp, cov1, cov2)``, the NTK's expectation for ``nngp`` (None
+    without ``ntks``), and their relative errors."""
+    pairs = _softmax_moments((kq[1][:, None], kq[0], kq[2][None]),
+                             (kk[1][:, None], kk[0], kk[2][None]), kv[0], ntks, allowed, rule)
+    own = lambda j: _softmax_moments((kq[j],) * 3, (kk[j],) * 3, kv[j], None, allowed, rule)[0]
+    found = [estimate(pairs[0]), estimate(own(1))]
+    found.append(found[1] if k.x1_is_x2 else estimate(own(2)))
+    if ntks is not None:
+        found.append(estimate(pairs[1]))
+    means = [m for m, _ in found]
+    return means[:3], (means[3] if ntks is not None else None), [_relative(e, m) for m, e in found]
+
+
+def _limit_weights(c, s: Stds, allowed):
+    """``linear_scaling``: the deterministic attention ``softmax(sq**2 c + bq**2)`` of each
+    example (the keys are the queries)."""
+    return masked_softmax(s.W_q ** 2 * c + (0.0 if s.b_q is None else s.b_q ** 2), allowed)
+
+
+def _linear_limit(k: Kernel, s: Stds, kv, tv, allowed):
+    """``linear_scaling``: ``A_n Kv A_m^T`` with deterministic attention weights, and the NTK's."""
+    a1, a2 = _limit_weights(k.cov1, s, allowed), _limit_weights(k.cov2, s, allowed)
+    weigh = lambda c, x, y: jnp.einsum("...ts,...sr,...ur->...tu", x, c, y,
+                                       precision=jax.lax.Precision.HIGHEST)
+    z = [weigh(kv[0], a1[:, None], a2[None]), weigh(kv[1], a1, a1), weigh(kv[2], a2, a2)]
+    return z, None if tv is None else weigh(tv, a1[:, None], a2[None])
+
+
+def attention_rule(embed_dim: int, stds: Stds, parameterization: str, mask: jax.Array | None,
+                   linear_scaling: bool, rule: Rule):
+    """The kernel rule of :func:`SelfAttention` (see the module doc)."""
+    s = stds
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        if not k.tokens or k.diagonal_spatial:
+            raise UnsupportedLayerError(
+                f"self-attention needs sequence inputs (N, T, {embed_dim}) and the covariance of "
+                f"every pair of tokens; got a kernel of inputs {k.shape1}.")
+        allowed = None if mask is None else jnp.isfinite(mask)
+        kq, tq = _projection(k, s.W_q, s.b_q, embed_dim, parameterization)
+        kv, tv = _projection(k, s.W_v, s.b_v, embed_dim, parameterization)
+        errors = []
+        if linear_scaling:
+            z, tz = _linear_limit(k, s, kv, tv, allowed)
+        else:
+            kk, tk = _projection(k, s.W_k, s.b_k, embed_dim, parameterization)
+            ntks = None if k.ntk is None else (tq, tk, tv)
+            z, tz, errors = _expectations(k, kq, kk, kv, ntks, allowed, rule)
+        b2 = 0.0 if s.b_o is None else s.b_o ** 2
+        nngp, cov1, cov2 = (s.W_o ** 2 * a + b2 for a in z)
+        ntk = None
+        if k.ntk is not None:
+            own = nngp if parameterization == "ntk" else (embed_dim * z[0]
+                                                         + (0.0 if s.b_o is None else 1.0))
+            ntk = own + s.W_o ** 2 * tz
+        out = k.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, is_gaussian=True)
+        return out.with_error(jnp.max(jnp.stack(errors))) if errors else out
+
+    return kernel_fn
+
+
+def _heads(x, n_heads):
+    return x.reshape(*x.shape[:-1], n_heads, x.shape[-1] // n_heads)
+
+
+def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
+                  parameterization: str = "standard", mask: jax.Array | None = None,
+                  linear_scaling: bool = False, rule: Rule = Rule(),
+                  distribution: str = "uniform") -> Layer:
+    """torch's ``nn.MultiheadAttention(embed_dim, num_heads, bias=stds.b_q is not None,
+    batch_first=True)`` called as ``attn(x, x, x, attn_mask=mask, need_weights=False)[0]``.
+
+    Shapes: ``x (N, T, E) -> (N, T, E)``. Params as torch names them: ``in_proj_weight (3E, E)``,
+    ``in_proj_bias (3E,)``, ``out_proj.weight (E, E)``, ``out_proj.bias (E,)``. ``mask``: an
+    additive ``(T, T)`` float mask (``-inf`` where a query may not see a key, as torch turns a
+    boolean mask). ``linear_scaling``: the tied, ``1/d`` variant (module doc), whose forward ties
+    the keys to the queries. ``rule``: the numerical expectation's (:class:`Rule`).
+
+    Example:
+        >>> stds = Stds(*(0.5 ** 0.5,) * 3, 3 ** -0.5, 0.0, 0.0, 0.0, 0.0)
+        >>> layer = SelfAttention(64, 4, stds)
+        >>> layer.init_fn(jax.random.key(0), (2, 5, 64))[0]
+        (2, 5, 64)
+    """
+    if embed_dim % num_heads:
+        raise ShapeError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+    s, has_bias = stds, stds.b_q is not None
+    head_dim = embed_dim // num_heads
+
+    def init_fn(key, input_shape):
+        if len(input_shape) != 3 or input_shape[-1] != embed_dim:
+            raise ShapeError(f"expects sequences (N, T, {embed_dim}), got {tuple(input_shape)}")
+        keys = jax.random.split(key, 8)
+        draw = lambda i, shape, std: _sample(keys[i], shape, std, distribution)
+        w = [draw(i, (embed_dim, embed_dim), std / embed_dim ** 0.5)
+             for i, std in enumerate((s.W_q, s.W_k, s.W_v, s.W_o))]
+        params = {"in_proj_weight": jnp.concatenate(w[:3]), "out_proj.weight": w[3]}
+        if has_bias:
+            b = [draw(4 + i, (embed_dim,), std) for i, std in enumerate((s.b_q, s.b_k, s.b_v))]
+            params.update({"in_proj_bias": jnp.concatenate(b),
+                           "out_proj.bias": draw(7, (embed_dim,), s.b_o)})
+        return tuple(input_shape), params
+
+    def apply_fn(params, x):
+        mm = lambda a, w: jnp.matmul(a, w.T, precision=jax.lax.Precision.HIGHEST)
+        qkv = mm(x, params["in_proj_weight"])
+        if has_bias:
+            qkv = qkv + params["in_proj_bias"]
+        q, k, v = (_heads(a, num_heads) for a in jnp.split(qkv, 3, axis=-1))
+        k = q if linear_scaling else k
+        logits = jnp.einsum("nthd,nshd->nhts", q, k, precision=jax.lax.Precision.HIGHEST)
+        logits = logits / (head_dim if linear_scaling else head_dim ** 0.5)
+        if mask is not None:
+            logits = logits + mask
+        a = jax.nn.softmax(logits, axis=-1)
+        z = jnp.einsum("nhts,nshd->nthd", a, v, precision=jax.lax.Precision.HIGHEST)
+        y = mm(z.reshape(x.shape), params["out_proj.weight"])
+        return y + params["out_proj.bias"] if has_bias else y
+
+    return Layer(init_fn, apply_fn,
+                 attention_rule(embed_dim, stds, parameterization, mask, linear_scaling, rule),
+                 full_spatial=True, input_kernel=sequence_kernel)

@@ -1,0 +1,110 @@
+"""Token embeddings: torch's ``nn.Embedding`` of integer ids and learned positional embeddings.
+
+``nn.Embedding(V, d)`` is a linear map of one-hot ids, ``W[:, id]``: with entries of variance
+``W_std**2`` (torch's ``N(0, 1)`` init: ``W_std = 1``) its kernel is ``W_std**2 [id == id']`` for
+every pair of tokens, and 0 where either is ``padding_idx`` (a zero row that is not trained). A
+learned positional embedding ``x + P`` (``P`` of shape ``(T, d)`` with entries of variance
+``std**2``) adds ``std**2 [t == t']``; its NTK adds ``[t == t']`` (``std**2`` in the NTK
+parameterization), as a bias of each token would.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import ShapeError, UnsupportedLayerError
+from .kernel import Kernel
+from .layers import Layer, _sample, dense_rule
+
+
+def ids_kernel(num_embeddings: int, padding_idx: int | None):
+    """``input_kernel`` of token ids ``(N, T)``: the kernel of their one-hot vectors (``(N, T, V)``
+    features, padding ids zero), ``[id == id'] / V`` for every pair of tokens."""
+
+    def make(x1, x2, *, compute_ntk: bool, diagonal_spatial: bool) -> Kernel:
+        if x1.ndim != 2:
+            raise ShapeError(f"token ids are (N, T), got {tuple(x1.shape)}")
+        dtype = jax.dtypes.canonicalize_dtype(jnp.float64)
+        valid = lambda x: jnp.ones(x.shape, bool) if padding_idx is None else x != padding_idx
+
+        def same(a, b, pairs):
+            a, b = (a[:, None], b[None]) if pairs else (a, b)
+            if diagonal_spatial:
+                eq = (a == b) & valid(a) & valid(b)
+            else:
+                eq = ((a[..., :, None] == b[..., None, :]) & valid(a)[..., :, None]
+                      & valid(b)[..., None, :])
+            return eq.astype(dtype) / num_embeddings
+
+        x1_is_x2, y = x2 is None, x1 if x2 is None else x2
+        nngp, cov1 = same(x1, y, True), same(x1, x1, False)
+        return Kernel(nngp=nngp, ntk=jnp.zeros_like(nngp) if compute_ntk else None, cov1=cov1,
+                      cov2=cov1 if x1_is_x2 else same(y, y, False),
+                      shape1=(*x1.shape, num_embeddings), shape2=(*y.shape, num_embeddings),
+                      x1_is_x2=x1_is_x2, is_gaussian=False, diagonal_spatial=diagonal_spatial,
+                      tokens=True)
+
+    return make
+
+
+def Embedding(num_embeddings: int, embedding_dim: int, *, W_std: float,
+              padding_idx: int | None = None, parameterization: str = "standard") -> Layer:
+    """torch's ``nn.Embedding(num_embeddings, embedding_dim, padding_idx)``: ids ``(N, T)`` ->
+    ``(N, T, embedding_dim)``; params ``{"weight": (num_embeddings, embedding_dim)}``, entries of
+    standard deviation ``W_std`` (module doc).
+
+    Example:
+        >>> layer = Embedding(100, 16, W_std=1.0)
+        >>> layer.init_fn(jax.random.key(0), (4, 7))[0]
+        (4, 7, 16)
+    """
+
+    def init_fn(key, input_shape):
+        if len(input_shape) != 2:
+            raise ShapeError(f"takes token ids (N, T), got inputs {tuple(input_shape)}")
+        w = _sample(key, (num_embeddings, embedding_dim), W_std, "normal")
+        if padding_idx is not None:
+            w = w.at[padding_idx].set(0)
+        return (*input_shape, embedding_dim), {"weight": w}
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        if not k.tokens or k.shape1[-1] != num_embeddings:
+            raise UnsupportedLayerError("nn.Embedding's kernel rule needs the model's token ids "
+                                        "as its input (it must be the first layer)")
+        return dense_rule(k, num_embeddings, embedding_dim, W_std * num_embeddings ** 0.5, None,
+                          parameterization)
+
+    # a sequence model keeps every pair of tokens: its heads (x.mean(1)) and attention need them
+    return Layer(init_fn, lambda params, x: params["weight"][x], kernel_fn, full_spatial=True,
+                 input_kernel=ids_kernel(num_embeddings, padding_idx))
+
+
+def Positions(length: int, dim: int, *, std: float, batched: bool = False,
+              parameterization: str = "standard", name: str = "weight") -> Layer:
+    """``x + P`` for a learned positional embedding ``P`` of shape ``(length, dim)`` (``batched``:
+    ``(1, length, dim)``) on sequences ``(N, length, dim)``; params ``{name: P}``.
+
+    Example:
+        >>> Positions(7, 16, std=0.02).init_fn(jax.random.key(0), (4, 7, 16))[0]
+        (4, 7, 16)
+    """
+    shape = (1, length, dim) if batched else (length, dim)
+
+    def init_fn(key, input_shape):
+        if tuple(input_shape[1:]) != (length, dim):
+            raise ShapeError(f"adds positions of shape {shape} to sequences (N, {length}, {dim}), "
+                             f"got {tuple(input_shape)}")
+        return tuple(input_shape), {name: _sample(key, shape, std, "normal")}
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        if not k.tokens:
+            raise UnsupportedLayerError(f"positional embeddings add to sequences (N, {length}, "
+                                        f"{dim}); got a kernel of inputs {k.shape1}")
+        delta = jnp.ones(length) if k.diagonal_spatial else jnp.eye(length)
+        own = std ** 2 * delta if parameterization == "ntk" else delta
+        return k.replace(nngp=k.nngp + std ** 2 * delta, cov1=k.cov1 + std ** 2 * delta,
+                         cov2=k.cov2 + std ** 2 * delta,
+                         ntk=None if k.ntk is None else k.ntk + own)
+
+    return Layer(init_fn, lambda params, x: x + params[name], kernel_fn)

@@ -1,0 +1,89 @@
+"""Sequences ``(N, T, d)``, features last: their input kernel and the heads that pool the tokens.
+
+A kernel of sequences keeps every pair of tokens (``(N1, N2, T, T')``, :class:`Kernel` with
+``tokens``): per-token layers (Linear, activations, LayerNorm of the last axis, Dropout) act on
+it entry by entry, attention mixes tokens, and a head brings it back to vectors: the mean over
+tokens (``x.mean(1)``: the mean over all token pairs) or one token (``x[:, i]``: its entry).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import ShapeError, UnsupportedLayerError
+from .kernel import Kernel, input_kernel, spatial_diagonal
+from .layers import Layer
+
+
+def sequence_kernel(x1: jax.Array, x2: jax.Array | None, *, compute_ntk: bool,
+                    diagonal_spatial: bool) -> Kernel:
+    """The kernel of sequences ``(N, T, d)``: ``x1[n, t] . x2[m, t'] / d`` for every token pair
+    (only ``t = t'`` when ``diagonal_spatial``).
+
+    Example:
+        >>> sequence_kernel(jnp.ones((2, 5, 3)), None, compute_ntk=False,
+        ...                 diagonal_spatial=False).nngp.shape
+        (2, 2, 5, 5)
+    """
+    if x1.ndim != 3:
+        raise ShapeError(f"sequence models take inputs (N, T, features), got {tuple(x1.shape)}")
+    swap = lambda x: None if x is None else jnp.swapaxes(x, 1, 2)
+    k = input_kernel(swap(x1), swap(x2), compute_ntk=compute_ntk, diagonal_spatial=diagonal_spatial)
+    return k.replace(shape1=tuple(x1.shape), shape2=tuple((x1 if x2 is None else x2).shape),
+                     tokens=True)
+
+
+def _tokens_only(k: Kernel, name: str) -> None:
+    if not k.tokens:
+        raise UnsupportedLayerError(f"{name} pools the tokens of sequences (N, T, d); its input "
+                                    f"here has shape {k.shape1}.")
+
+
+def _head(k: Kernel, fn) -> Kernel:
+    """``k`` with ``fn(array, n_batch)`` turning token pairs into vectors ``(N, d)``."""
+    cov1 = fn(k.cov1, 1)
+    return k.replace(nngp=fn(k.nngp, 2), ntk=None if k.ntk is None else fn(k.ntk, 2), cov1=cov1,
+                     cov2=cov1 if k.x1_is_x2 else fn(k.cov2, 1),
+                     shape1=(k.shape1[0], k.shape1[-1]), shape2=(k.shape2[0], k.shape2[-1]),
+                     tokens=False)
+
+
+def TokenMean() -> Layer:
+    """``x.mean(1)`` of sequences ``(N, T, d) -> (N, d)``: the kernel's mean over token pairs.
+
+    Example:
+        >>> TokenMean().init_fn(jax.random.key(0), (4, 7, 16))[0]
+        (4, 16)
+    """
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        _tokens_only(k, "the mean over tokens")
+        if k.diagonal_spatial:
+            raise UnsupportedLayerError("the mean over tokens needs the covariance of every pair "
+                                        "of tokens (diagonal_spatial=False)")
+        return _head(k, lambda a, n: a.mean((n, n + 1)))
+
+    return Layer(lambda key, shape: ((shape[0], shape[-1]), {}), lambda params, x: x.mean(1),
+                 kernel_fn, full_spatial=True, affine=True)
+
+
+def TokenSelect(index: int) -> Layer:
+    """``x[:, index]`` of sequences ``(N, T, d) -> (N, d)``: one token's entry of the kernel.
+
+    Example:
+        >>> TokenSelect(0).init_fn(jax.random.key(0), (4, 7, 16))[0]
+        (4, 16)
+    """
+
+    def init_fn(key, shape):
+        if len(shape) != 3 or not -shape[1] <= index < shape[1]:
+            raise ShapeError(f"token {index} of sequences {tuple(shape)} does not exist")
+        return (shape[0], shape[-1]), {}
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        _tokens_only(k, f"x[:, {index}]")
+        pick = lambda a, n: spatial_diagonal(a, n, k.diagonal_spatial)[..., index]
+        return _head(k, pick)
+
+    return Layer(init_fn, lambda params, x: x[:, index], kernel_fn, affine=True)

@@ -1,0 +1,151 @@
+"""Moments of softmaxes of Gaussian attention logits, by randomised quasi-Monte-Carlo.
+
+In the infinite-width limit of torch's attention (logits ``q . k / sqrt(d_head)``, independent
+query and key weights), the logits of two examples ``n``, ``m`` are jointly Gaussian with
+``Cov(G_n[t, s], G_m[t', s']) = Kq[nt, mt'] Kk[ns, ms']``: the covariance of the queries of both
+examples' ``2T`` tokens, ``Kq``, Kronecker the keys', ``Kk`` (Hron et al. 2020, sec. 3). With
+factors ``Lq Lq^T = Kq`` and ``Lk Lk^T = Kk`` (``2T x 2T``) and a standard normal ``Z`` of the
+same shape, ``Lq Z Lk^T`` has exactly that covariance: one ``Z`` gives every logit of the pair, for
+all query tokens at once. There is no closed form for the expectations of softmaxes of them, so
+they are computed numerically:
+
+* the rule: ``points`` scrambled Sobol points in ``4 T^2`` dimensions (Owen scrambling, fixed
+  seeds: deterministic), mapped to ``Z`` by the normal quantile, in ``replicates`` independent
+  scramblings. The estimate is their mean and its error the replicates' standard error, which a
+  randomised QMC rule makes an honest, unbiased error bar; it shrinks at least as ``points**-1/2``
+  (Monte-Carlo's order) and, for integrands as smooth as these, faster (close to ``points**-1``
+  where the logits' variance is moderate, as at torch's initialisation);
+* beyond 21201 dimensions (``T > 72``) Sobol points do not exist and plain Gaussian samples are
+  used (the same error bar, Monte-Carlo's order).
+
+Masked positions (``allowed`` False) get probability 0 exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SOBOL_DIMENSIONS = 21201  # the largest dimension of the Sobol direction numbers scipy ships
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class Rule(NamedTuple):
+    """The numerical expectation's rule: ``points`` per replicate (a power of 2), ``replicates``
+    independent scramblings, the base ``seed``, and ``chunk`` points evaluated at once."""
+
+    points: int = 256
+    replicates: int = 8
+    seed: int = 0
+    chunk: int = 16
+
+    def refined(self, factor: int = 2) -> "Rule":
+        """The same rule with ``factor`` times the points (its error should shrink accordingly)."""
+        return self._replace(points=self.points * factor)
+
+
+@functools.lru_cache(maxsize=16)
+def normal_points(rule: Rule, tokens: int) -> np.ndarray:
+    """``(replicates, points, 2T, 2T)`` standard normal points of the rule (float64, cached)."""
+    dim = (2 * tokens) ** 2
+    if dim > SOBOL_DIMENSIONS:
+        rng = np.random.default_rng(rule.seed)
+        return rng.standard_normal((rule.replicates, rule.points, 2 * tokens, 2 * tokens))
+    from scipy.special import ndtri  # optional at import time: only attention needs it
+    from scipy.stats import qmc
+
+    out = []
+    for r in range(rule.replicates):
+        u = qmc.Sobol(dim, scramble=True, seed=rule.seed + r).random(rule.points)
+        out.append(ndtri(np.clip(u, 1e-12, 1 - 1e-12)))
+    return np.stack(out).reshape(rule.replicates, rule.points, 2 * tokens, 2 * tokens)
+
+
+def psd_factor(k: jax.Array) -> jax.Array:
+    """``L`` with ``L L^T = k`` for symmetric PSD ``k`` ``(..., M, M)`` (exact for singular ``k``,
+    e.g. an example paired with itself; tiny negative eigenvalues are rounding, clipped to 0)."""
+    values, vectors = jnp.linalg.eigh(k)
+    return vectors * jnp.sqrt(jnp.maximum(values, 0))[..., None, :]
+
+
+def masked_softmax(logits: jax.Array, allowed: jax.Array | None) -> jax.Array:
+    """Softmax over the last axis; entries not ``allowed`` get probability 0 exactly."""
+    if allowed is None:
+        return jax.nn.softmax(logits, axis=-1)
+    shifted = logits - jnp.max(jnp.where(allowed, logits, -jnp.inf), -1, keepdims=True)
+    e = jnp.where(allowed, jnp.exp(jnp.where(allowed, shifted, 0)), 0)
+    return e / e.sum(-1, keepdims=True)
+
+
+def _mm(a, b):
+    return jnp.matmul(a, b, precision=HIGHEST)
+
+
+def _tangent(a, b, m, kv):
+    """``sum_{s,s'} M[s,s'] (J_a Kv J_b)[s,s']`` for every query pair ``(t, t')``, with ``J_a =
+    diag(a_t) - a_t a_t^T`` the softmax's Jacobian at row ``t`` of ``a`` ``(T, T)`` (``b`` at
+    ``t'``): the expansion of ``J_a Kv J_b`` into four products of ``T x T`` matrices."""
+    bt = jnp.swapaxes(b, -1, -2)
+    kvb, mb = _mm(kv, bt), _mm(m, bt)
+    return (_mm(_mm(a, m * kv), bt) - _mm(a, kvb * mb)
+            - _mm(_mm(a, m) * _mm(a, kv), bt) + _mm(a, kvb) * _mm(a, mb))
+
+
+class Blocks(NamedTuple):
+    """One pair's blocks, each ``(T, T)`` (``n`` the x1 example, ``m`` the x2 one): the factors'
+    rows ``lq_n, lq_m, lk_n, lk_m`` ``(T, 2T)``, the cross covariances of values ``kv``, and, for the
+    NTK, the cross kernels ``tq, tk, tv`` (NTKs of queries, keys, values) and ``kq, kk``."""
+
+    lq_n: jax.Array
+    lq_m: jax.Array
+    lk_n: jax.Array
+    lk_m: jax.Array
+    kv: jax.Array
+    kq: jax.Array
+    kk: jax.Array
+    tq: jax.Array | None
+    tk: jax.Array | None
+    tv: jax.Array | None
+
+
+def _sample_terms(b: Blocks, z: jax.Array, allowed_n, allowed_m):
+    """For one point ``z`` ``(2T, 2T)``: the value-covariance term and, with the NTK, its term."""
+    g_n = _mm(_mm(b.lq_n, z), b.lk_n.T)
+    g_m = _mm(_mm(b.lq_m, z), b.lk_m.T)
+    a, c = masked_softmax(g_n, allowed_n), masked_softmax(g_m, allowed_m)
+    ct = c.T
+    nngp = _mm(_mm(a, b.kv), ct)
+    if b.tv is None:
+        return nngp, None
+    ntk = (_mm(_mm(a, b.tv), ct) + b.tq * _tangent(a, c, b.kk, b.kv)
+           + b.kq * _tangent(a, c, b.tk, b.kv))
+    return nngp, ntk
+
+
+def pair_moments(b: Blocks, z: jax.Array, allowed_n, allowed_m, chunk: int):
+    """Replicate means of :func:`_sample_terms` over the points ``z`` ``(R, S, 2T, 2T)``: each term
+    as ``(R, T, T)`` (the NTK's None without ``b.tv``)."""
+    r, s = z.shape[:2]
+    chunk = min(chunk, s)
+    zc = z.reshape(r, s // chunk, chunk, *z.shape[2:])
+    terms = jax.vmap(jax.vmap(lambda p: _sample_terms(b, p, allowed_n, allowed_m)))
+
+    def step(total, points):
+        return jax.tree.map(lambda t, v: t + v.sum(1), total, terms(points)), None
+
+    zero = jax.tree.map(lambda v: jnp.zeros((r, *v.shape[2:]), v.dtype),
+                        jax.eval_shape(terms, zc[:, 0]))
+    total, _ = jax.lax.scan(step, zero, jnp.swapaxes(zc, 0, 1))
+    return jax.tree.map(lambda t: t / s, total)
+
+
+def estimate(replicated: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The mean over the leading replicate axis and its standard error."""
+    r = replicated.shape[0]
+    mean = replicated.mean(0)
+    spread = jnp.sqrt(jnp.square(replicated - mean).sum(0) / max(r - 1, 1) / r)
+    return mean, spread

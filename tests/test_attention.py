@@ -1,0 +1,190 @@
+"""Transformers: attention as torch computes it, embeddings, positions, per-token layers, masks.
+
+The forward passes are torch's to rounding; the kernels are checked against Monte-Carlo estimates
+of fresh wide models (tolerances from the samples' standard errors plus the analytic kernel's own
+reported error), the numerical expectation's error against its refinement, and masks against
+shorter sequences.
+"""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import ntbridge
+from ntbridge import errors, stax
+from ntbridge.stax.attention import SelfAttention, Stds
+from ntbridge.stax.sequence import sequence_kernel
+
+
+class Attention(nn.Module):
+    """Self-attention alone, with an optional fixed mask (a buffer)."""
+
+    def __init__(self, e, heads, bias=True, mask=None):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(e, heads, bias=bias, batch_first=True)
+        self.register_buffer("mask", mask)
+
+    def forward(self, x):
+        return self.attn(x, x, x, attn_mask=self.mask, need_weights=False)[0]
+
+
+class TextClassifier(nn.Module):
+    """Embedding + learned positions, an encoder, a pooling head and a Linear."""
+
+    def __init__(self, vocab=40, d=32, length=6, heads=2, layers=1, pool="mean", norm_first=False,
+                 activation="relu", padding_idx=None):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d, padding_idx=padding_idx)
+        self.pos = nn.Parameter(0.5 * torch.randn(length, d))
+        layer = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.1, batch_first=True,
+                                           norm_first=norm_first, activation=activation)
+        self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d * length if pool == "flatten" else d, 1)
+        self.pool = pool
+
+    def forward(self, ids):
+        h = self.enc(self.emb(ids) + self.pos)
+        h = {"mean": lambda: h.mean(1), "first": lambda: h[:, 0],
+             "flatten": lambda: h.flatten(1)}[self.pool]()
+        return self.head(h)
+
+
+def _forward_error(model, x):
+    g = ntbridge.convert(model)
+    ours = np.asarray(g.apply_fn(g.params, jnp.asarray(x.numpy())))
+    return np.abs(ours - model(x).detach().numpy()).max()
+
+
+@pytest.mark.parametrize("bias, causal", [(True, False), (False, True)])
+def test_attention_forward_is_torchs(bias, causal):
+    torch.manual_seed(0)
+    mask = nn.Transformer.generate_square_subsequent_mask(5) if causal else None
+    model = Attention(16, 4, bias, mask).eval()
+    assert _forward_error(model, torch.randn(3, 5, 16)) < 1e-5
+
+
+@pytest.mark.parametrize("norm_first, activation, pool", [(False, "relu", "mean"),
+                                                          (True, "gelu", "first"),
+                                                          (False, "gelu", "flatten")])
+def test_text_classifier_forward_is_torchs(norm_first, activation, pool):
+    torch.manual_seed(0)
+    model = TextClassifier(norm_first=norm_first, activation=activation, pool=pool,
+                           layers=2, padding_idx=0).eval()
+    assert _forward_error(model, torch.randint(0, 40, (4, 6))) < 1e-5
+
+
+def _close(mc, analytic, error, sigmas=5.0):
+    """|mc - analytic| within ``sigmas`` of the combined standard errors (both estimates')."""
+    spread = torch.sqrt(mc.standard_error ** 2 + (error * analytic.abs().max()) ** 2)
+    z = ((mc.mean - analytic).abs() / spread).max().item()
+    assert z < sigmas, z
+
+
+@pytest.mark.slow
+def test_attention_kernels_match_monte_carlo():
+    # torch's attention, every parameter trained: NNGP and NTK of wide heads
+    torch.manual_seed(1)
+    x = torch.randn(3, 4, 64, dtype=torch.float64)
+    model = Attention(64, 2).double()
+    k = ntbridge.kernel(model, x)
+    error = ntbridge.expectation_error(model, x)
+    assert 0 < error < 0.02
+    for get in ("nngp", "ntk"):
+        est = ntbridge.monte_carlo(model, x, n_samples=64, get=get)
+        _close(est, getattr(k, get), error)
+
+
+@pytest.mark.slow
+def test_text_classifier_nngp_matches_monte_carlo():
+    torch.manual_seed(2)
+    ids = torch.randint(0, 12, (3, 5))
+    model = TextClassifier(vocab=12, d=128, length=5, heads=8).double().eval()
+    analytic = ntbridge.nngp(model, ids)
+    est = ntbridge.monte_carlo(model, ids, n_samples=200, get="nngp")
+    _close(est, analytic, ntbridge.expectation_error(model, ids, get="nngp"))
+
+
+def test_expectation_error_shrinks_with_refinement():
+    # the rule's reported error falls at least at Monte-Carlo's order (x4 points: / 2), and the
+    # coarse estimate lies within a few of its error bars of the refined one
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 4, 8)))
+    k0 = sequence_kernel(x, None, compute_ntk=False, diagonal_spatial=False)
+    stds = Stds(1.0, 1.0, 1.0, 1.0, None, None, None, None)
+    run = lambda points: SelfAttention(8, 1, stds, rule=stax.Rule(points, 8)).kernel_fn(k0)
+    coarse, fine = run(32), run(512)
+    assert float(fine.error) < float(coarse.error) / 2 ** 2 * 1.5  # x16 points: at least / 4
+    scale = float(jnp.abs(fine.nngp).max())
+    assert float(jnp.abs(coarse.nngp - fine.nngp).max()) / scale < 5 * float(coarse.error)
+
+
+def test_causal_first_token_is_exact():
+    # with a causal mask, token 0 sees only itself: probability 1, whatever the logits, so its
+    # kernel is the values' own, exactly as for sequences of length 1
+    torch.manual_seed(3)
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    mask = nn.Transformer.generate_square_subsequent_mask(5, dtype=torch.float64)
+    long = ntbridge.kernel(Attention(8, 2, mask=mask).double(), x)
+    short = ntbridge.kernel(Attention(8, 2).double(), x[:, :1])
+    for name in ("nngp", "ntk"):
+        torch.testing.assert_close(getattr(long, name)[:, :, 0, 0], getattr(short, name)[:, :, 0, 0])
+
+
+def test_padding_ids_contribute_nothing():
+    # Embedding(padding_idx): padded tokens have zero embeddings, so their kernel entries are 0;
+    # W_std**2 [id == id'] otherwise (torch's N(0, 1) init), for every pair of tokens
+    model = nn.Sequential(nn.Embedding(10, 16, padding_idx=0))
+    ids = torch.tensor([[0, 3, 5], [0, 3, 4]])
+    k = ntbridge.kernel(model, ids)  # (2, 2, 3, 3): token pairs
+    assert k.nngp[0, 1].tolist() == [[0, 0, 0], [0, 1, 0], [0, 0, 0]]
+    assert k.nngp[0, 0].tolist() == [[0, 0, 0], [0, 1, 0], [0, 0, 1]]
+    assert k.ntk[0, 1].tolist() == k.nngp[0, 1].tolist()
+
+
+def test_linear_scaling_is_deterministic_attention():
+    # the tied, 1/d variant: closed form, no numerical error; its NNGP is that of the values
+    # weighted by softmax(sq^2 K_nn) (checked by hand on two examples)
+    torch.manual_seed(4)
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    model = Attention(8, 2, bias=False).double()
+    k = ntbridge.nngp(model, x, attention="linear")
+    assert ntbridge.expectation_error(model, x, attention="linear") == 0.0
+    kx = torch.einsum("ntc,msc->nmts", x, x) / 8
+    a = torch.softmax(0.5 * torch.stack([kx[0, 0], kx[1, 1]]), -1)
+    expected = torch.einsum("ts,sr,ur->tu", a[0], 0.5 * kx[0, 1], a[1]) / 3
+    torch.testing.assert_close(k[0, 1], expected)
+
+
+def test_bad_transformer_inputs_are_named():
+    x = torch.randn(2, 3, 8)
+
+    class Cross(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, 2 * x, 2 * x)[0]
+
+    class Weights(Cross):
+        def forward(self, x):
+            out, w = self.attn(x, x, x)
+            return out + w.sum()
+
+    with pytest.raises(errors.UnsupportedLayerError, match="cross-attention"):
+        ntbridge.ntk(Cross(), x)
+    with pytest.raises(errors.UnsupportedLayerError, match="attention weights"):
+        ntbridge.ntk(Weights(), x)
+    bias_kv = Attention(8, 2)
+    bias_kv.attn = nn.MultiheadAttention(8, 2, add_bias_kv=True, batch_first=True)
+    with pytest.raises(errors.UnsupportedLayerError, match="add_bias_kv"):
+        ntbridge.ntk(bias_kv, x)
+    with pytest.raises(errors.UnsupportedLayerError, match=r"attn_mask must be one \(T, T\)"):
+        ntbridge.ntk(Attention(8, 2, mask=torch.zeros(4, 3, 3)), x)
+    with pytest.raises(errors.InputError, match=r"outside the range \[0, 40\)"):
+        ntbridge.ntk(TextClassifier().eval(), torch.tensor([[1, 2, 3, 4, 5, 40]]))
+    with pytest.raises(errors.InputTypeError, match="nn.Embedding"):
+        ntbridge.ntk(nn.Sequential(nn.Linear(3, 2)), torch.ones(2, 3, dtype=torch.long))
