@@ -7,6 +7,10 @@ shorter sequences.
 """
 
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax.numpy as jnp
 import numpy as np
@@ -53,6 +57,20 @@ class TextClassifier(nn.Module):
         return self.head(h)
 
 
+class Padded(nn.Module):
+    """Token ids padded with 0: the encoder's attention skips them (``key_padding_mask``)."""
+
+    def __init__(self, vocab=12, d=16, heads=2, norm_first=False):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d, padding_idx=0)
+        layer = nn.TransformerEncoderLayer(d, heads, 2 * d, batch_first=True,
+                                           norm_first=norm_first)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, ids):
+        return self.enc(self.emb(ids), src_key_padding_mask=ids == 0)
+
+
 def _forward_error(model, x):
     g = ntbridge.convert(model)
     ours = np.asarray(g.apply_fn(g.params, jnp.asarray(x.numpy())))
@@ -75,6 +93,13 @@ def test_text_classifier_forward_is_torchs(norm_first, activation, pool):
     model = TextClassifier(norm_first=norm_first, activation=activation, pool=pool,
                            layers=2, padding_idx=0).eval()
     assert _forward_error(model, torch.randint(0, 40, (4, 6))) < 1e-5
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_padded_forward_is_torchs(norm_first):
+    torch.manual_seed(0)
+    ids = torch.tensor([[3, 4, 5, 0, 0], [1, 2, 3, 4, 5], [7, 8, 0, 0, 0]])
+    assert _forward_error(Padded(norm_first=norm_first).eval(), ids) < 1e-5
 
 
 def _close(mc, analytic, error, sigmas=5.0):
@@ -133,6 +158,28 @@ def test_causal_first_token_is_exact():
         torch.testing.assert_close(getattr(long, name)[:, :, 0, 0], getattr(short, name)[:, :, 0, 0])
 
 
+@pytest.mark.parametrize("attention", ["softmax", "linear"])
+def test_a_padded_batch_gives_the_kernels_of_its_sequences(attention):
+    # each sequence's token pairs in the padded batch: as computed for its length alone (the
+    # softmax rule's points differ with the length: within both estimates' error bars; the
+    # linear variant is exact)
+    torch.manual_seed(5)
+    model = Padded().double().eval()
+    short, long = torch.tensor([[3, 4, 5], [7, 8, 9]]), torch.tensor([[1, 2, 3, 4, 5],
+                                                                     [6, 5, 4, 3, 2]])
+    batch = torch.cat([nn.functional.pad(short, (0, 2)), long])
+    padded = ntbridge.kernel(model, batch, attention=attention)
+    error = ntbridge.expectation_error(model, batch, attention=attention)
+    for ids, rows in ((short, slice(0, 2)), (long, slice(2, 4))):
+        alone = ntbridge.kernel(model, ids, attention=attention)
+        both = error + ntbridge.expectation_error(model, ids, attention=attention)
+        t = ids.shape[1]
+        for name in ("nngp", "ntk"):
+            got, want = getattr(padded, name)[rows, rows, :t, :t], getattr(alone, name)
+            scale = want.abs().max()
+            assert ((got - want).abs().max() / scale).item() <= (5 * both if both else 1e-12)
+
+
 def test_padding_ids_contribute_nothing():
     # Embedding(padding_idx): padded tokens have zero embeddings, so their kernel entries are 0;
     # W_std**2 [id == id'] otherwise (torch's N(0, 1) init), for every pair of tokens
@@ -184,7 +231,63 @@ def test_bad_transformer_inputs_are_named():
         ntbridge.ntk(bias_kv, x)
     with pytest.raises(errors.UnsupportedLayerError, match=r"attn_mask must be one \(T, T\)"):
         ntbridge.ntk(Attention(8, 2, mask=torch.zeros(4, 3, 3)), x)
+    class Buffered(Cross):  # a fixed per-example padding mask: it cannot follow the examples
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("pad", torch.zeros(2, 3, dtype=torch.bool))
+
+        def forward(self, x):
+            return self.attn(x, x, x, key_padding_mask=self.pad)[0]
+
+    with pytest.raises(errors.UnsupportedLayerError, match=r"key_padding_mask=\(ids == pad_id\)"):
+        ntbridge.ntk(Buffered(), x)
     with pytest.raises(errors.InputError, match=r"outside the range \[0, 40\)"):
         ntbridge.ntk(TextClassifier().eval(), torch.tensor([[1, 2, 3, 4, 5, 40]]))
     with pytest.raises(errors.InputTypeError, match="nn.Embedding"):
         ntbridge.ntk(nn.Sequential(nn.Linear(3, 2)), torch.ones(2, 3, dtype=torch.long))
+
+
+def test_gradients_of_the_kernel_are_those_of_its_estimate():
+    # d/dx of the softmax attention's NTK (fixed rule points: a smooth function of x) against
+    # central differences, for x1 = x2 (examples paired with themselves) and for two inputs
+    torch.manual_seed(6)
+    model = Attention(8, 2).double()
+    for x2 in (None, torch.randn(2, 4, 8, dtype=torch.float64)):
+        x = torch.randn(3, 4, 8, dtype=torch.float64, requires_grad=True)
+        w = torch.randn(3, 3 if x2 is None else 2, 4, 4, dtype=torch.float64)
+        f = lambda x: (ntbridge.ntk(model, x, x2) * w).sum()
+        f(x).backward()
+        d, h = torch.randn_like(x), 1e-5
+        with torch.no_grad():
+            fd = (f(x + h * d) - f(x - h * d)) / (2 * h)
+        assert torch.isfinite(x.grad).all()
+        assert abs((x.grad * d).sum() - fd) <= 1e-6 * abs(fd)
+
+
+PROCESS = textwrap.dedent("""
+    import sys, torch, ntbridge
+    from torch import nn
+    torch.manual_seed(0)
+    attn = nn.MultiheadAttention(8, 2, batch_first=True).double()
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = attn
+
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=False)[0]
+
+    torch.save(ntbridge.ntk(Model(), torch.randn(3, 4, 8, dtype=torch.float64)), sys.argv[1])
+""")
+
+
+@pytest.mark.slow
+def test_a_second_process_runs_the_attention_program_from_disk(tmp_path):
+    # the program calls LAPACK (eigh), whose kernels JAX loads only when it lowers such an op
+    env = {**os.environ, "NTBRIDGE_CACHE_DIR": str(tmp_path / "cache")}
+    for name in ("a.pt", "b.pt"):
+        done = subprocess.run([sys.executable, "-c", PROCESS, str(tmp_path / name)], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert torch.equal(torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt"))

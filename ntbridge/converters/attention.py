@@ -20,6 +20,7 @@ from .. import stax
 from ..errors import InputError, InputTypeError, UnsupportedLayerError
 from ..stax.attention import SelfAttention, Stds
 from ..stax.embedding import Embedding
+from .calls import PaddingIds
 from .functional import FUNCTIONS
 from .registry import Context, find_converter, register
 
@@ -79,18 +80,20 @@ def additive_mask(mask, length: int | None, where: str) -> jnp.ndarray | None:
 
 
 def _call_mask(ctx: Context, names: tuple[str, ...], causal_name: str | None, where: str):
-    """The (T, T) additive mask of a traced call's keyword arguments (None: none)."""
+    """The (T, T) additive mask of a traced call's keyword arguments (None: none), and the
+    padding id of its key padding mask (None: none)."""
     call = ctx.call or {}
-    padding = call.get("key_padding_mask", call.get("src_key_padding_mask"))
-    if padding is not None:
+    padding = call.get("key_padding_mask")
+    if padding is not None and not isinstance(padding, PaddingIds):
         raise UnsupportedLayerError(
-            f"{where}: key_padding_mask (per-example padding) has no kernel rule in ntbridge yet; "
-            f"compute the kernel of each length's sequences separately, without padding.")
+            f"{where}: key_padding_mask must be computed in forward from the model's token ids, "
+            f"key_padding_mask=(ids == pad_id) (a per-example mask follows its examples through "
+            f"the kernel); got a tensor of the model.")
     mask = next((call[n] for n in names if call.get(n) is not None), None)
     if causal_name and call.get(causal_name) and mask is None:
         raise UnsupportedLayerError(f"{where}: {causal_name}=True needs the causal mask itself as "
                                     f"well (torch treats it as a hint); pass mask=...")
-    return additive_mask(mask, None, where)
+    return additive_mask(mask, None, where), None if padding is None else padding.id
 
 
 @register(nn.MultiheadAttention)
@@ -112,10 +115,10 @@ def _attention(module: nn.MultiheadAttention, ctx: Context) -> stax.Layer:
     if not module.batch_first:
         raise UnsupportedLayerError(f"{where} has batch_first=False (inputs (T, N, E)); build it "
                                     f"with batch_first=True and pass inputs (N, T, E).")
-    mask = _call_mask(ctx, ("attn_mask",), "is_causal", where)
+    mask, padding_id = _call_mask(ctx, ("attn_mask",), "is_causal", where)
     return SelfAttention(module.embed_dim, module.num_heads, _attention_stds(module, ctx),
                          parameterization=ctx.parameterization, mask=mask,
-                         linear_scaling=ctx.options.attention == "linear")
+                         linear_scaling=ctx.options.attention == "linear", padding_id=padding_id)
 
 
 def _sub(module: nn.Module, name: str, ctx: Context, call: dict | None = None) -> stax.Layer:
@@ -154,23 +157,52 @@ def _activation(module: nn.TransformerEncoderLayer, ctx: Context) -> stax.Layer:
     return _sub(act, "activation", ctx)
 
 
+class _Parts:
+    """The parts of a :func:`nested` network, added in execution order; a network whose call has a
+    key padding mask takes ``(x, ids)`` and hands the ids to its attention."""
+
+    def __init__(self, padded: bool):
+        self.parts, self.inputs = [], []
+        self.x, self.ids = stax.INPUT, None
+        if padded:
+            self.x, self.ids = (self.add(f"~{n}", stax.Pick(j), stax.INPUT)
+                                for j, n in enumerate(("x", "ids")))
+
+    def add(self, name: str, layer: stax.Layer, *sources: int) -> int:
+        self.parts.append((name, layer))
+        self.inputs.append(sources)
+        return len(self.parts) - 1
+
+    def attention(self, name: str, layer: stax.Layer, h: int) -> int:
+        return self.add(name, layer, h, *(() if self.ids is None else (self.ids,)))
+
+    def network(self) -> stax.Layer:
+        return nested(self.parts, self.inputs)
+
+
 def encoder_layer(module: nn.TransformerEncoderLayer, ctx: Context, call: dict | None):
     """The stax network of one encoder layer (module doc)."""
-    sa = ("self_attn", _sub(module.self_attn, "self_attn", ctx, call))
+    sa = _sub(module.self_attn, "self_attn", ctx, call)
     ff = [(n, _sub(getattr(module, n), n, ctx)) for n in ("linear1",)]
     ff += [("activation", _activation(module, ctx))]
     ff += [(n, _sub(getattr(module, n), n, ctx)) for n in ("dropout", "linear2")]
-    norm1, norm2 = (("norm1", _sub(module.norm1, "norm1", ctx)),
-                    ("norm2", _sub(module.norm2, "norm2", ctx)))
-    add = lambda i: (f"~add{i}", stax.FanInSum())
-    i = stax.INPUT
-    if module.norm_first:  # 0 n1, 1 sa, 2 add, 3 n2, 4-7 ff, 8 add
-        parts = [norm1, sa, add(0), norm2, *ff, add(1)]
-        inputs = [(i,), (0,), (i, 1), (2,), (3,), (4,), (5,), (6,), (2, 7)]
-    else:  # 0 sa, 1 add, 2 n1, 3-6 ff, 7 add, 8 n2
-        parts = [sa, add(0), norm1, *ff, add(1), norm2]
-        inputs = [(i,), (i, 0), (1,), (2,), (3,), (4,), (5,), (2, 6), (7,)]
-    return nested(parts, inputs)
+    norm1, norm2 = _sub(module.norm1, "norm1", ctx), _sub(module.norm2, "norm2", ctx)
+    net = _Parts(isinstance((call or {}).get("key_padding_mask"), PaddingIds))
+
+    def feed_forward(h):
+        for name, layer in ff:
+            h = net.add(name, layer, h)
+        return h
+
+    add = lambda i, a, b: net.add(f"~add{i}", stax.FanInSum(), a, b)
+    x = net.x
+    if module.norm_first:
+        h = add(0, x, net.attention("self_attn", sa, net.add("norm1", norm1, x)))
+        add(1, h, feed_forward(net.add("norm2", norm2, h)))
+    else:
+        h = net.add("norm1", norm1, add(0, x, net.attention("self_attn", sa, x)))
+        net.add("norm2", norm2, add(1, h, feed_forward(h)))
+    return net.network()
 
 
 def _encoder_call(ctx: Context) -> dict:
@@ -191,18 +223,19 @@ def _encoder_layer(module: nn.TransformerEncoderLayer, ctx: Context) -> stax.Lay
 @register(nn.TransformerEncoder)
 def _encoder(module: nn.TransformerEncoder, ctx: Context) -> stax.Layer:
     call = _encoder_call(ctx)
-    parts = []
+    net = _Parts(isinstance(call["key_padding_mask"], PaddingIds))
+    h = net.x
     for j, layer in enumerate(module.layers):
         name = f"layers.{j}"
         sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options)
         if not layer.self_attn.batch_first:
             raise UnsupportedLayerError(f"{sub.name}: batch_first=False (inputs (T, N, d)) is not "
                                         f"supported; build the layers with batch_first=True.")
-        parts.append((name, encoder_layer(layer, sub, call)))
+        h = net.attention(name, encoder_layer(layer, sub, call), h)
         ctx.hyper.update({f"{name}.{k}": v for k, v in sub.hyper.items()})
     if module.norm is not None:
-        parts.append(("norm", _sub(module.norm, "norm", ctx)))
-    return nested(parts, [(j - 1,) for j in range(len(parts))])
+        net.add("norm", _sub(module.norm, "norm", ctx), h)
+    return net.network()
 
 
 def id_readers(graph) -> list:

@@ -3,13 +3,16 @@ encoders' arguments, their output, and learned positional embeddings ``x + self.
 
 ``attn(x, x, x, attn_mask=self.mask, need_weights=False)[0]`` becomes one node fed by ``x``, its
 other arguments handed to the converter (``Context.call``); a mask must be a tensor of the model
-(a buffer, or a parameter) rather than one computed in ``forward``.
+(a buffer, or a parameter) rather than one computed in ``forward``, except a key padding mask made
+of the model's token ids, ``key_padding_mask=(ids == pad)``: the node is then fed by ``x`` and the
+ids, and the converter gets :class:`PaddingIds`.
 """
 
 from __future__ import annotations
 
 import inspect
 import operator
+from typing import NamedTuple
 
 import torch
 from torch import fx, nn
@@ -20,6 +23,24 @@ from .sequence import AddPositions
 ATTENTION_MODULES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 _TENSOR_ARGS = {nn.MultiheadAttention: ("query", "key", "value"),
                 nn.TransformerEncoderLayer: ("src",), nn.TransformerEncoder: ("src",)}
+
+
+class PaddingIds(NamedTuple):
+    """``ids == id`` of the model's input ``ids`` (the node ``ids``): a key padding mask."""
+
+    id: int
+    ids: fx.Node
+
+
+def padding_ids(node: fx.Node) -> PaddingIds | None:
+    """``node`` as :class:`PaddingIds` if it compares the model's input with an integer."""
+    compares = ((node.op == "call_function" and node.target in (operator.eq, torch.eq))
+                or (node.op == "call_method" and node.target == "eq"))
+    if not compares or len(node.args) != 2 or node.kwargs:
+        return None
+    ids = [a for a in node.args if isinstance(a, fx.Node) and a.op == "placeholder"]
+    pad = [a for a in node.args if isinstance(a, int) and not isinstance(a, bool)]
+    return PaddingIds(pad[0], ids[0]) if ids and pad else None
 
 
 def _constant(value, attrs: dict, name: str, where: str):
@@ -47,7 +68,8 @@ def attention_call(module: nn.Module, node: fx.Node, attrs: dict, where: str):
             f"kernel rule here; only self-attention, attn(x, x, x), is supported.")
     call = {n: _constant(v, attrs, n, where) for n, v in bound.arguments.items()
             if n not in _TENSOR_ARGS[kind]}
-    return [tensors[0]], call
+    ids = {v.ids for v in call.values() if isinstance(v, PaddingIds)}
+    return [tensors[0], *ids], call
 
 
 def attention_output(node: fx.Node, calls: set) -> fx.Node | None:

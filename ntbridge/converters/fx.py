@@ -30,7 +30,8 @@ from torch import fx, nn
 from ..errors import ConversionError, UnsupportedLayerError
 from ..stax import INPUT
 from . import graph_ops, indexing
-from .calls import ATTENTION_MODULES, attention_call, attention_output, is_positions, positions
+from .calls import (ATTENTION_MODULES, PaddingIds, attention_call, attention_output,
+                    is_positions, padding_ids, positions)
 from .combinators import Add, Concat, Scale
 from .elementwise import Elementwise, step_of
 from .functional import FUNCTIONS, METHOD_FORMS, module_of
@@ -190,10 +191,14 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     chains: dict[fx.Node, tuple[fx.Node, tuple]] = {}  # node -> (tensor the chain starts from, steps)
     constants: dict[fx.Node, object] = {}  # nodes computed from the model's buffers alone
     attrs: dict[fx.Node, torch.Tensor] = {}  # get_attr nodes: the model's tensors
+    paddings: dict[fx.Node, PaddingIds] = {}  # input ids == pad: key padding masks
     params, attention_calls = dict(model.named_parameters()), set()
     for node in trace(model).nodes:
         if (value := constant(model, node, constants)) is not None:
             constants[node] = value
+            continue
+        if (value := padding_ids(node)) is not None:  # for attention calls only
+            paddings[node] = value
             continue
         if (found := step_of(node, chains)) is not None:
             source, steps = chains.get(found[0], (found[0], ()))
@@ -229,7 +234,8 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
                 module, sources = model.get_submodule(node.target), [*node.args, *node.kwargs.values()]
                 origin = f"module {len(nodes)} '{node.target}' ({type(module).__name__})"
                 if isinstance(module, ATTENTION_MODULES):
-                    sources, call = attention_call(module, node, {**attrs, **constants}, origin)
+                    given = {**attrs, **constants, **paddings}  # what its arguments may be
+                    sources, call = attention_call(module, node, given, origin)
                     if isinstance(module, nn.MultiheadAttention):  # returns (output, weights)
                         attention_calls.add(node)
                 elif len(sources) != 1:

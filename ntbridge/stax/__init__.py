@@ -7,7 +7,8 @@ Layers use torch's layout (channels first) and torch's semantics; ``kernel_fn`` 
 from .activations import (ABRelu, Abs, Cos, Erf, Exp, Gelu, LeakyRelu, Numerical, RectifiedMonomial,
                           Relu, Sign, Sin, ab_relu_rule, elementwise)
 from .attention import SelfAttention, Stds
-from .combinators import INPUT, FanInConcat, FanInSum, FanOut, Scale, dag, parallel, serial
+from .combinators import (INPUT, FanInConcat, FanInSum, FanOut, Pick, Scale, dag, parallel,
+                          serial)
 from .conv import Conv
 from .dropout import Dropout
 from .graph import Aggregate
@@ -30,7 +31,7 @@ __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
            "Dense", "Dropout", "Embedding", "Erf", "Exp", "FanInConcat", "FanInProd",
            "FanInStack", "FanInSum", "FanOut", "Flatten", "Gelu", "INPUT", "Identity",
            "Index", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
-           "Numerical", "Outer", "PARAMETERIZATIONS", "Piece", "Pieces", "PixelShuffle",
+           "Numerical", "Outer", "PARAMETERIZATIONS", "Pick", "Piece", "Pieces", "PixelShuffle",
            "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "Rule",
            "Scale", "SelfAttention", "Sign", "Sin", "Stds", "TokenMean", "TokenSelect",
            "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag", "elementwise",

@@ -74,17 +74,19 @@ def _joint(c_n, c_nm, c_m):
 def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule):
     """Replicated ``E[A_n Kv A_m^T]`` (and the NTK's expectation) for the pairs of ``kq`` etc.:
     tuples ``(cov_n, cov_nm, cov_m)`` of arrays broadcasting to ``kv`` ``(..., T, T)``; ``ntks``:
-    ``(tq, tk, tv)`` cross NTKs or None. Returns replicate arrays ``(R, ..., T, T)``."""
+    ``(tq, tk, tv)`` cross NTKs or None; ``allowed``: ``(allowed_n, allowed_m)``, boolean arrays
+    broadcasting to ``kv`` (None: every key). Returns replicate arrays ``(R, ..., T, T)``."""
     t, batch = kv.shape[-1], kv.shape[:-2]
     z = jnp.asarray(normal_points(rule, t), kv.dtype)
-    full = lambda blocks: _joint(*(jnp.broadcast_to(b, kv.shape) for b in blocks))
+    spread = lambda b: jnp.broadcast_to(b, kv.shape)
+    full = lambda blocks: _joint(*(spread(b) for b in blocks))
     lq, lk = psd_factor(full(kq)), psd_factor(full(kk))
     tq, tk, tv = ntks if ntks is not None else (None, None, None)
     blocks = Blocks(lq[..., :t, :], lq[..., t:, :], lk[..., :t, :], lk[..., t:, :], kv,
-                    jnp.broadcast_to(kq[1], kv.shape), jnp.broadcast_to(kk[1], kv.shape),
-                    tq, tk, tv)
-    flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[-2:]), blocks)
-    out = jax.vmap(lambda b: pair_moments(b, z, allowed, allowed, rule.chunk))(flat)
+                    spread(kq[1]), spread(kk[1]), tq, tk, tv)
+    masks = tuple(jnp.ones(kv.shape, bool) if a is None else spread(a) for a in allowed)
+    flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[-2:]), (blocks, masks))
+    out = jax.vmap(lambda b, m: pair_moments(b, z, *m, rule.chunk))(*flat)
     return jax.tree.map(lambda a: jnp.moveaxis(a, 1, 0).reshape(a.shape[1], *batch, t, t), out)
 
 
@@ -95,10 +97,13 @@ def _relative(spread, mean):
 
 def _expectations(k: Kernel, kq, kk, kv, ntks, allowed, rule: Rule):
     """``E[A Kv A'^T]`` for ``(nngp, cov1, cov2)``, the NTK's expectation for ``nngp`` (None
-    without ``ntks``), and their relative errors."""
+    without ``ntks``), and their relative errors; ``allowed``: each side's keys (:func:`_allowed`)."""
+    a1, a2 = allowed
     pairs = _softmax_moments((kq[1][:, None], kq[0], kq[2][None]),
-                             (kk[1][:, None], kk[0], kk[2][None]), kv[0], ntks, allowed, rule)
-    own = lambda j: _softmax_moments((kq[j],) * 3, (kk[j],) * 3, kv[j], None, allowed, rule)[0]
+                             (kk[1][:, None], kk[0], kk[2][None]), kv[0], ntks,
+                             (_expand(a1, 1), _expand(a2, 0)), rule)
+    own = lambda j: _softmax_moments((kq[j],) * 3, (kk[j],) * 3, kv[j], None,
+                                     (allowed[j - 1],) * 2, rule)[0]
     found = [estimate(pairs[0]), estimate(own(1))]
     found.append(found[1] if k.x1_is_x2 else estimate(own(2)))
     if ntks is not None:
@@ -115,24 +120,43 @@ def _limit_weights(c, s: Stds, allowed):
 
 def _linear_limit(k: Kernel, s: Stds, kv, tv, allowed):
     """``linear_scaling``: ``A_n Kv A_m^T`` with deterministic attention weights, and the NTK's."""
-    a1, a2 = _limit_weights(k.cov1, s, allowed), _limit_weights(k.cov2, s, allowed)
+    a1, a2 = (_limit_weights(c, s, a) for c, a in zip((k.cov1, k.cov2), allowed))
     weigh = lambda c, x, y: jnp.einsum("...ts,...sr,...ur->...tu", x, c, y,
                                        precision=jax.lax.Precision.HIGHEST)
     z = [weigh(kv[0], a1[:, None], a2[None]), weigh(kv[1], a1, a1), weigh(kv[2], a2, a2)]
     return z, None if tv is None else weigh(tv, a1[:, None], a2[None])
 
 
+def _expand(allowed, axis: int):
+    """Per-example ``allowed`` ``(N, T, T)`` as one side of the pairs (None stays None)."""
+    return allowed if allowed is None or allowed.ndim == 2 else jnp.expand_dims(allowed, axis)
+
+
+def _allowed(mask, padding_id, ids: Kernel | None):
+    """The keys each query may see, ``(allowed1, allowed2)``: the ``(T, T)`` mask's finite entries,
+    and per example ``(N, T, T)`` without the keys whose id is ``padding_id``; None: all."""
+    fixed = None if mask is None else jnp.isfinite(mask)
+    if padding_id is None:
+        return fixed, fixed
+    if ids is None or ids.ids1 is None:
+        raise UnsupportedLayerError("key_padding_mask = (ids == padding id) needs the model's "
+                                    "token ids as its input (N, T)")
+    keys = lambda x: jnp.broadcast_to((x != padding_id)[:, None, :], (*x.shape, x.shape[-1]))
+    return tuple(keys(x) if fixed is None else keys(x) & fixed for x in (ids.ids1, ids.ids2))
+
+
 def attention_rule(embed_dim: int, stds: Stds, parameterization: str, mask: jax.Array | None,
-                   linear_scaling: bool, rule: Rule):
+                   linear_scaling: bool, rule: Rule, padding_id: int | None = None):
     """The kernel rule of :func:`SelfAttention` (see the module doc)."""
     s = stds
 
-    def kernel_fn(k: Kernel) -> Kernel:
+    def kernel_fn(k) -> Kernel:
+        k, ids = k if padding_id is not None else (k, None)
         if not k.tokens or k.diagonal_spatial:
             raise UnsupportedLayerError(
                 f"self-attention needs sequence inputs (N, T, {embed_dim}) and the covariance of "
                 f"every pair of tokens; got a kernel of inputs {k.shape1}.")
-        allowed = None if mask is None else jnp.isfinite(mask)
+        allowed = _allowed(mask, padding_id, ids)
         kq, tq = _projection(k, s.W_q, s.b_q, embed_dim, parameterization)
         kv, tv = _projection(k, s.W_v, s.b_v, embed_dim, parameterization)
         errors = []
@@ -162,15 +186,18 @@ def _heads(x, n_heads):
 def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
                   parameterization: str = "standard", mask: jax.Array | None = None,
                   linear_scaling: bool = False, rule: Rule = Rule(),
-                  distribution: str = "uniform") -> Layer:
+                  padding_id: int | None = None, distribution: str = "uniform") -> Layer:
     """torch's ``nn.MultiheadAttention(embed_dim, num_heads, bias=stds.b_q is not None,
-    batch_first=True)`` called as ``attn(x, x, x, attn_mask=mask, need_weights=False)[0]``.
+    batch_first=True)`` called as ``attn(x, x, x, attn_mask=mask, need_weights=False)[0]``, or
+    with ``padding_id`` as ``attn(x, x, x, key_padding_mask=ids == padding_id, ...)``.
 
-    Shapes: ``x (N, T, E) -> (N, T, E)``. Params as torch names them: ``in_proj_weight (3E, E)``,
-    ``in_proj_bias (3E,)``, ``out_proj.weight (E, E)``, ``out_proj.bias (E,)``. ``mask``: an
-    additive ``(T, T)`` float mask (``-inf`` where a query may not see a key, as torch turns a
-    boolean mask). ``linear_scaling``: the tied, ``1/d`` variant (module doc), whose forward ties
-    the keys to the queries. ``rule``: the numerical expectation's (:class:`Rule`).
+    Shapes: ``x (N, T, E) -> (N, T, E)``; with ``padding_id`` the layer takes ``(x, ids)``, the
+    model's token ids ``(N, T)`` second (its kernel: their input kernel). Params as torch names
+    them: ``in_proj_weight (3E, E)``, ``in_proj_bias (3E,)``, ``out_proj.weight (E, E)``,
+    ``out_proj.bias (E,)``. ``mask``: an additive ``(T, T)`` float mask (``-inf`` where a query may
+    not see a key, as torch turns a boolean mask). ``linear_scaling``: the tied, ``1/d`` variant
+    (module doc), whose forward ties the keys to the queries. ``rule``: the numerical
+    expectation's (:class:`Rule`).
 
     Example:
         >>> stds = Stds(*(0.5 ** 0.5,) * 3, 3 ** -0.5, 0.0, 0.0, 0.0, 0.0)
@@ -184,6 +211,7 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
     head_dim = embed_dim // num_heads
 
     def init_fn(key, input_shape):
+        input_shape = input_shape if padding_id is None else input_shape[0]
         if len(input_shape) != 3 or input_shape[-1] != embed_dim:
             raise ShapeError(f"expects sequences (N, T, {embed_dim}), got {tuple(input_shape)}")
         keys = jax.random.split(key, 8)
@@ -198,6 +226,7 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
         return tuple(input_shape), params
 
     def apply_fn(params, x):
+        x, ids = x if padding_id is not None else (x, None)
         mm = lambda a, w: jnp.matmul(a, w.T, precision=jax.lax.Precision.HIGHEST)
         qkv = mm(x, params["in_proj_weight"])
         if has_bias:
@@ -208,11 +237,14 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
         logits = logits / (head_dim if linear_scaling else head_dim ** 0.5)
         if mask is not None:
             logits = logits + mask
+        if ids is not None:
+            logits = jnp.where((ids == padding_id)[:, None, None, :], -jnp.inf, logits)
         a = jax.nn.softmax(logits, axis=-1)
         z = jnp.einsum("nhts,nshd->nthd", a, v, precision=jax.lax.Precision.HIGHEST)
         y = mm(z.reshape(x.shape), params["out_proj.weight"])
         return y + params["out_proj.bias"] if has_bias else y
 
     return Layer(init_fn, apply_fn,
-                 attention_rule(embed_dim, stds, parameterization, mask, linear_scaling, rule),
+                 attention_rule(embed_dim, stds, parameterization, mask, linear_scaling, rule,
+                                padding_id),
                  full_spatial=True, input_kernel=sequence_kernel)

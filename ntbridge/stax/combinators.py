@@ -28,6 +28,21 @@ def _run(fns: Sequence[Callable], inputs: Sequence[tuple[int, ...]], x,
     return values[len(fns) - 1]
 
 
+def _keeping_errors(kernel_fn: Callable) -> Callable:
+    """``kernel_fn`` whose output keeps the largest error estimate of its inputs' kernels (a
+    layer of several inputs starts from one of them)."""
+
+    def fn(ks):
+        out = kernel_fn(ks)
+        errors = [k.error for k in (ks if isinstance(ks, tuple) else (ks,))
+                  if isinstance(k, Kernel) and k.error is not None]
+        for error in errors if isinstance(out, Kernel) else ():
+            out = out.with_error(error)
+        return out
+
+    return fn
+
+
 def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
     """A directed acyclic graph of layers; params are a tuple, one entry per layer.
 
@@ -72,7 +87,8 @@ def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
 
     def kernel_fn(k: Kernel, hyper: tuple | None = None, after: After | None = None) -> Kernel:
         hyper = (None,) * len(layers) if hyper is None else hyper
-        return _run([with_hyper(layer, h) for layer, h in zip(layers, hyper)], inputs, k, after)
+        return _run([_keeping_errors(with_hyper(layer, h)) for layer, h in zip(layers, hyper)],
+                    inputs, k, after)
 
     # the layers reading the input say how, else any layer that needs sequences (attention)
     readers = [layer.input_kernel for layer, i in zip(layers, inputs) if INPUT in i]
@@ -100,6 +116,17 @@ def FanOut(n: int) -> Layer:
     """
     copies = lambda v: (v,) * n
     return Layer(lambda key, shape: (copies(tuple(shape)), {}), lambda params, x: copies(x), copies)
+
+
+def Pick(i: int) -> Layer:
+    """Entry ``i`` of a tuple input (in a :func:`dag` whose input is several tensors).
+
+    Example:
+        >>> Pick(1).apply_fn({}, ("x", "ids"))
+        'ids'
+    """
+    return Layer(lambda key, shapes: (tuple(shapes[i]), {}), lambda params, xs: xs[i],
+                 lambda ks: ks[i], affine=True)
 
 
 def parallel(*layers: Layer) -> Layer:

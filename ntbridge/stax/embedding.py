@@ -43,7 +43,7 @@ def ids_kernel(num_embeddings: int, padding_idx: int | None):
                       cov2=cov1 if x1_is_x2 else same(y, y, False),
                       shape1=(*x1.shape, num_embeddings), shape2=(*y.shape, num_embeddings),
                       x1_is_x2=x1_is_x2, is_gaussian=False, diagonal_spatial=diagonal_spatial,
-                      tokens=True)
+                      tokens=True, ids1=x1, ids2=y)
 
     return make
 
@@ -73,7 +73,7 @@ def Embedding(num_embeddings: int, embedding_dim: int, *, W_std: float,
             raise UnsupportedLayerError("nn.Embedding's kernel rule needs the model's token ids "
                                         "as its input (it must be the first layer)")
         return dense_rule(k, num_embeddings, embedding_dim, W_std * num_embeddings ** 0.5, None,
-                          parameterization)
+                          parameterization).replace(ids1=None, ids2=None)
 
     # a sequence model keeps every pair of tokens: its heads (x.mean(1)) and attention need them
     return Layer(init_fn, lambda params, x: params["weight"][x], kernel_fn, full_spatial=True,

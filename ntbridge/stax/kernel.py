@@ -38,6 +38,8 @@ class Kernel:
       tokens: whether the outputs are sequences ``(N, T, d)``, features last (see module doc).
       error: an estimate of the relative error of numerically integrated expectations so far (a
         scalar; None where every rule was exact), e.g. attention's (``softmax_moments.py``).
+      ids1, ids2: the token ids ``(N1, T)``, ``(N2, T)`` when this is the kernel of a model's
+        input ids (None otherwise): what per-example masks (``key_padding_mask``) are made of.
     """
 
     nngp: jax.Array
@@ -51,6 +53,8 @@ class Kernel:
     diagonal_spatial: bool
     tokens: bool = False
     error: jax.Array | None = None
+    ids1: jax.Array | None = None
+    ids2: jax.Array | None = None
 
     def replace(self, **changes) -> "Kernel":
         return dataclasses.replace(self, **changes)
@@ -66,7 +70,7 @@ class Kernel:
 
 jax.tree_util.register_dataclass(
     Kernel,
-    data_fields=["nngp", "ntk", "cov1", "cov2", "error"],
+    data_fields=["nngp", "ntk", "cov1", "cov2", "error", "ids1", "ids2"],
     meta_fields=["shape1", "shape2", "x1_is_x2", "is_gaussian", "diagonal_spatial", "tokens"],
 )
 

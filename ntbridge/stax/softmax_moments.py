@@ -66,9 +66,15 @@ def normal_points(rule: Rule, tokens: int) -> np.ndarray:
 
 
 def psd_factor(k: jax.Array) -> jax.Array:
-    """``L`` with ``L L^T = k`` for symmetric PSD ``k`` ``(..., M, M)`` (exact for singular ``k``,
-    e.g. an example paired with itself; tiny negative eigenvalues are rounding, clipped to 0)."""
-    values, vectors = jnp.linalg.eigh(k)
+    """``L`` with ``L L^T ~ k`` for symmetric ``k`` ``(..., M, M)``, PSD up to the estimates'
+    errors (negative eigenvalues are clipped to 0). A diagonal ramp of ``1e-10`` (float64; ``1e-5``
+    in float32) of the largest diagonal entry separates the eigenvalues of singular ``k`` (an
+    example paired with itself), which keeps the factor's gradient finite; the logits' variance
+    moves by that fraction, far below the rule's error."""
+    m = k.shape[-1]
+    scale = jnp.max(jnp.diagonal(k, axis1=-2, axis2=-1), -1)[..., None, None]
+    jitter = (1e-10 if k.dtype == jnp.float64 else 1e-5) * jnp.linspace(1, 2, m, dtype=k.dtype)
+    values, vectors = jnp.linalg.eigh(k + scale * jnp.diag(jitter))
     return vectors * jnp.sqrt(jnp.maximum(values, 0))[..., None, :]
 
 
