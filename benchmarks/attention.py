@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 
-N, T, D, HEADS = 16, 8, 16, 2  # linear-scaling workload
+SIZES = [(16, 8), (128, 16)]  # linear-scaling workloads: (N, T), float64
+D, HEADS = 16, 2
 STDS = dict(qk=1.2, v=1.1, o=0.9)
 
 NT_WORKLOAD = """
@@ -50,7 +51,7 @@ print(json.dumps({"nngp": np.asarray(k.nngp).tolist(), "ntk": np.asarray(k.ntk).
 """
 
 
-def ours_linear():
+def ours_linear(n: int, t: int):
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -61,7 +62,7 @@ def ours_linear():
                   None)
     att = lambda: stax.SelfAttention(D, HEADS, s, parameterization="ntk", linear_scaling=True)
     net = stax.serial(att(), stax.Relu(), att())
-    x = np.random.default_rng(0).standard_normal((N, T, D))
+    x = np.random.default_rng(0).standard_normal((n, t, D))
     fn = jax.jit(lambda a: evaluate(net, a, None, ("nngp", "ntk")))
     k = fn(x)
     times = []
@@ -73,20 +74,21 @@ def ours_linear():
 
 
 def linear_rows(nt_python: str | None) -> None:
-    ours, ours_time = ours_linear()
-    if nt_python is None:
-        print(f"linear-scaling: ours {ours_time * 1e3:.1f} ms (no NT environment given)")
-        return
-    out = subprocess.run([nt_python, "-c", NT_WORKLOAD, json.dumps(
-        [N, T, D, HEADS, STDS["qk"], STDS["v"], STDS["o"]])], capture_output=True, text=True,
-        check=True)
-    nt = json.loads(out.stdout.strip().splitlines()[-1])
-    for name in ("nngp", "ntk"):
-        ref = np.asarray(nt[name])
-        diff = np.abs(ours[name] - ref).max() / np.abs(ref).max()
-        print(f"linear-scaling vs NT, {name}: max relative difference {diff:.2e}")
-    print(f"linear-scaling vs NT, time: ours {ours_time * 1e3:.1f} ms, NT {nt['time'] * 1e3:.1f} "
-          f"ms: {ours_time / nt['time']:.2f}x")
+    for n, t in SIZES:
+        ours, ours_time = ours_linear(n, t)
+        if nt_python is None:
+            print(f"linear-scaling N={n} T={t}: ours {ours_time * 1e3:.1f} ms (no NT environment)")
+            continue
+        out = subprocess.run([nt_python, "-c", NT_WORKLOAD, json.dumps(
+            [n, t, D, HEADS, STDS["qk"], STDS["v"], STDS["o"]])], capture_output=True, text=True,
+            check=True)
+        nt = json.loads(out.stdout.strip().splitlines()[-1])
+        for name in ("nngp", "ntk"):
+            ref = np.asarray(nt[name])
+            diff = np.abs(ours[name] - ref).max() / np.abs(ref).max()
+            print(f"linear-scaling vs NT, N={n} T={t}, {name}: max relative difference {diff:.2e}")
+        print(f"linear-scaling vs NT, N={n} T={t}, time: ours {ours_time * 1e3:.1f} ms, NT "
+              f"{nt['time'] * 1e3:.1f} ms: {ours_time / nt['time']:.2f}x")
 
 
 def sweep_rows(quick: bool) -> None:

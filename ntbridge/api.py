@@ -97,13 +97,14 @@ def nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, **o
 
 def expectation_error(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
                       get: str | Sequence[str] = ("nngp", "ntk"), **conversion) -> float:
-    """The estimated relative error of the numerically integrated expectations in the analytic
-    kernels ``get`` of ``model`` (torch's softmax attention: the largest standard error of its
-    randomised quasi-Monte-Carlo rule over the largest kernel entry, at any layer); 0.0 where every
-    rule is exact. It computes the kernels once more, in one piece (no tiling).
+    """The estimated relative error of the analytic kernels ``get`` of ``model`` where their rules
+    are numerical expectations (torch's softmax attention): the kernels computed once per
+    replicate of the randomised quasi-Monte-Carlo rule, their largest standard error over the
+    largest kernel entry; 0.0 where every rule is exact. It costs about one more kernel
+    computation, in one piece (no tiling).
 
     Example:
-        >>> ntbridge.expectation_error(encoder, x)       # e.g. 3e-4
+        >>> ntbridge.expectation_error(encoder, x)       # e.g. 5e-5
     """
     names = (get,) if isinstance(get, str) else tuple(get)
     prepared = prepare(Request(model, x1, x2, Analytic(get), conversion=conversion))

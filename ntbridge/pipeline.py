@@ -125,8 +125,12 @@ def validate(x1: torch.Tensor, x2: torch.Tensor | None,
                              f"examples).")
     if x2 is not None:
         if x2.shape[1:] != x1.shape[1:]:
+            lengths = x1.ndim == x2.ndim in (2, 3) and x1.shape[2:] == x2.shape[2:]
+            hint = (" If these are sequences of different lengths, pad them to one length and "
+                    "mask the padding in the model (key_padding_mask=(ids == pad_id)), or "
+                    "compute each length apart." if lengths else "")
             raise ShapeError(f"x1 and x2 must have the same shape per example, got x1 "
-                             f"{tuple(x1.shape)} and x2 {tuple(x2.shape)}.")
+                             f"{tuple(x1.shape)} and x2 {tuple(x2.shape)}.{hint}")
         x2 = x2.detach().to(dtype)
     return x1.detach().to(dtype), x2
 

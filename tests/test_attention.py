@@ -21,7 +21,7 @@ from torch import nn
 import ntbridge
 from ntbridge import errors, stax
 from ntbridge.stax.attention import SelfAttention, Stds
-from ntbridge.stax.sequence import sequence_kernel
+from ntbridge.stax.covariances import evaluate, evaluate_error
 
 
 class Attention(nn.Module):
@@ -134,16 +134,17 @@ def test_text_classifier_nngp_matches_monte_carlo():
 
 
 def test_expectation_error_shrinks_with_refinement():
-    # the rule's reported error falls at least at Monte-Carlo's order (x4 points: / 2), and the
-    # coarse estimate lies within a few of its error bars of the refined one
+    # the kernel's reported error falls at least at Monte-Carlo's order (x16 points: / 4), and the
+    # coarse kernel lies within a few of its error bars of the refined one
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 4, 8)))
-    k0 = sequence_kernel(x, None, compute_ntk=False, diagonal_spatial=False)
     stds = Stds(1.0, 1.0, 1.0, 1.0, None, None, None, None)
-    run = lambda points: SelfAttention(8, 1, stds, rule=stax.Rule(points, 8)).kernel_fn(k0)
-    coarse, fine = run(32), run(512)
-    assert float(fine.error) < float(coarse.error) / 2 ** 2 * 1.5  # x16 points: at least / 4
-    scale = float(jnp.abs(fine.nngp).max())
-    assert float(jnp.abs(coarse.nngp - fine.nngp).max()) / scale < 5 * float(coarse.error)
+    layer = lambda points: stax.serial(SelfAttention(8, 1, stds, rule=stax.Rule(points, 8)))
+    coarse, fine = layer(32), layer(512)
+    error = lambda net: float(evaluate_error(net, x, None, ("nngp", "ntk")))
+    assert 0 < error(fine) < error(coarse) / 4 * 1.5
+    kernels = [evaluate(net, x, None, ("nngp",))["nngp"] for net in (coarse, fine)]
+    scale = float(jnp.abs(kernels[1]).max())
+    assert float(jnp.abs(kernels[0] - kernels[1]).max()) / scale < 5 * error(coarse)
 
 
 def test_causal_first_token_is_exact():
@@ -241,6 +242,9 @@ def test_bad_transformer_inputs_are_named():
 
     with pytest.raises(errors.UnsupportedLayerError, match=r"key_padding_mask=\(ids == pad_id\)"):
         ntbridge.ntk(Buffered(), x)
+    with pytest.raises(errors.ShapeError, match=r"pad them to one length and mask"):
+        ntbridge.ntk(TextClassifier().eval(), torch.ones(2, 6, dtype=torch.long),
+                     torch.ones(2, 5, dtype=torch.long))
     with pytest.raises(errors.InputError, match=r"outside the range \[0, 40\)"):
         ntbridge.ntk(TextClassifier().eval(), torch.tensor([[1, 2, 3, 4, 5, 40]]))
     with pytest.raises(errors.InputTypeError, match="nn.Embedding"):

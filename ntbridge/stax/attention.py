@@ -11,9 +11,9 @@ values alike), independent of each other; the logits of a pair of examples are j
 with ``Cov(G_n[t, s], G_m[t', s']) = Kq[nt, mt'] Kk[ns, ms']`` and independent of the values
 (Hron et al. 2020, "Infinite attention", sec. 3), so the output NNGP is
 ``so**2 E[A_n Kv A_m^T] + bo**2``: the values' covariance weighted by the expectation of products
-of softmaxes (no closed form: :mod:`.softmax_moments` computes it, with an error estimate carried
-in ``Kernel.error``). The NTK adds every parameter's part: values and ``out_proj`` as affine layers
-(``E[A_n Tv A_m^T]``), queries and keys through the softmax's Jacobian ``J = diag(a) - a a^T``:
+of softmaxes (no closed form: :mod:`.softmax_moments` computes it, in independent replicates
+whose spread through the network estimates the kernel's error, ``covariances.evaluate_error``).
+The NTK adds every parameter's part: values and ``out_proj`` as affine layers (``E[A_n Tv A_m^T]``), queries and keys through the softmax's Jacobian ``J = diag(a) - a a^T``:
 ``E[sum (J_n Kv J_m) * TG]`` with the logits' NTK ``TG = Tq Kk + Kq Tk`` (product rule).
 
 Which limit: a head's channels share its logits, so with a fixed number of heads the layer's
@@ -33,12 +33,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel
 from .layers import Layer, _sample
 from .sequence import sequence_kernel
-from .softmax_moments import Blocks, Rule, estimate, masked_softmax, normal_points, pair_moments, psd_factor
+from .softmax_moments import Blocks, Rule, masked_softmax, normal_points, pair_moments, psd_factor
 
 
 class Stds(NamedTuple):
@@ -71,13 +72,15 @@ def _joint(c_n, c_nm, c_m):
                             jnp.concatenate([jnp.swapaxes(c_nm, -1, -2), c_m], -1)], -2)
 
 
-def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule):
-    """Replicated ``E[A_n Kv A_m^T]`` (and the NTK's expectation) for the pairs of ``kq`` etc.:
-    tuples ``(cov_n, cov_nm, cov_m)`` of arrays broadcasting to ``kv`` ``(..., T, T)``; ``ntks``:
+def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule, replicate):
+    """``E[A_n Kv A_m^T]`` (and the NTK's expectation) for the pairs of ``kq`` etc.: tuples
+    ``(cov_n, cov_nm, cov_m)`` of arrays broadcasting to ``kv`` ``(..., T, T)``; ``ntks``:
     ``(tq, tk, tv)`` cross NTKs or None; ``allowed``: ``(allowed_n, allowed_m)``, boolean arrays
-    broadcasting to ``kv`` (None: every key). Returns replicate arrays ``(R, ..., T, T)``."""
+    broadcasting to ``kv`` (None: every key); ``replicate``: the rule's replicate to use alone
+    (None: all). Returns ``(nngp, ntk)`` arrays ``(..., T, T)`` (the NTK's None without ``ntks``)."""
     t, batch = kv.shape[-1], kv.shape[:-2]
     z = jnp.asarray(normal_points(rule, t), kv.dtype)
+    z = z if replicate is None else jnp.take(z, replicate, 0)[None]
     spread = lambda b: jnp.broadcast_to(b, kv.shape)
     full = lambda blocks: _joint(*(spread(b) for b in blocks))
     lq, lk = psd_factor(full(kq)), psd_factor(full(kk))
@@ -87,29 +90,38 @@ def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule):
     masks = tuple(jnp.ones(kv.shape, bool) if a is None else spread(a) for a in allowed)
     flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[-2:]), (blocks, masks))
     out = jax.vmap(lambda b, m: pair_moments(b, z, *m, rule.chunk))(*flat)
-    return jax.tree.map(lambda a: jnp.moveaxis(a, 1, 0).reshape(a.shape[1], *batch, t, t), out)
+    return jax.tree.map(lambda a: a.mean(1).reshape(*batch, t, t), out)
 
 
-def _relative(spread, mean):
-    """The largest standard error relative to the largest entry."""
-    return jnp.max(spread) / jnp.maximum(jnp.max(jnp.abs(mean)), jnp.finfo(mean.dtype).tiny)
+def _pair_moments(k: Kernel, kq, kk, kv, ntks, allowed, rule: Rule):
+    """:func:`_softmax_moments` of the pairs ``(n, m)``; with x2 = x1, of the pairs ``n <= m``
+    only, the others being their transposes (half the work, and exactly symmetric)."""
+    sides = lambda c: (c[1][:, None], c[0], c[2][None])
+    masks = (_expand(allowed[0], 1), _expand(allowed[1], 0))
+    if not k.x1_is_x2:
+        return _softmax_moments(sides(kq), sides(kk), kv[0], ntks, masks, rule, k.replicate)
+    n = kv[0].shape[0]
+    i, j = np.triu_indices(n)
+    pick = lambda a: None if a is None else jnp.broadcast_to(a, kv[0].shape)[i, j]
+    picks = lambda arrays: None if arrays is None else tuple(pick(a) for a in arrays)
+    upper = _softmax_moments(picks(sides(kq)), picks(sides(kk)), pick(kv[0]), picks(ntks),
+                             picks(masks), rule, k.replicate)
+
+    def fill(u):  # (pairs, T, T) -> (N, N, T, T)
+        full = jnp.zeros((n, n, *u.shape[1:]), u.dtype)
+        return full.at[j, i].set(jnp.swapaxes(u, -1, -2)).at[i, j].set(u)
+
+    return jax.tree.map(fill, upper)
 
 
 def _expectations(k: Kernel, kq, kk, kv, ntks, allowed, rule: Rule):
-    """``E[A Kv A'^T]`` for ``(nngp, cov1, cov2)``, the NTK's expectation for ``nngp`` (None
-    without ``ntks``), and their relative errors; ``allowed``: each side's keys (:func:`_allowed`)."""
-    a1, a2 = allowed
-    pairs = _softmax_moments((kq[1][:, None], kq[0], kq[2][None]),
-                             (kk[1][:, None], kk[0], kk[2][None]), kv[0], ntks,
-                             (_expand(a1, 1), _expand(a2, 0)), rule)
+    """``E[A Kv A'^T]`` for ``(nngp, cov1, cov2)`` and the NTK's expectation for ``nngp`` (None
+    without ``ntks``); ``allowed``: each side's keys (:func:`_allowed`)."""
+    nngp, ntk = _pair_moments(k, kq, kk, kv, ntks, allowed, rule)
     own = lambda j: _softmax_moments((kq[j],) * 3, (kk[j],) * 3, kv[j], None,
-                                     (allowed[j - 1],) * 2, rule)[0]
-    found = [estimate(pairs[0]), estimate(own(1))]
-    found.append(found[1] if k.x1_is_x2 else estimate(own(2)))
-    if ntks is not None:
-        found.append(estimate(pairs[1]))
-    means = [m for m, _ in found]
-    return means[:3], (means[3] if ntks is not None else None), [_relative(e, m) for m, e in found]
+                                     (allowed[j - 1],) * 2, rule, k.replicate)[0]
+    cov1 = own(1)
+    return [nngp, cov1, cov1 if k.x1_is_x2 else own(2)], ntk
 
 
 def _limit_weights(c, s: Stds, allowed):
@@ -159,13 +171,12 @@ def attention_rule(embed_dim: int, stds: Stds, parameterization: str, mask: jax.
         allowed = _allowed(mask, padding_id, ids)
         kq, tq = _projection(k, s.W_q, s.b_q, embed_dim, parameterization)
         kv, tv = _projection(k, s.W_v, s.b_v, embed_dim, parameterization)
-        errors = []
         if linear_scaling:
             z, tz = _linear_limit(k, s, kv, tv, allowed)
         else:
             kk, tk = _projection(k, s.W_k, s.b_k, embed_dim, parameterization)
             ntks = None if k.ntk is None else (tq, tk, tv)
-            z, tz, errors = _expectations(k, kq, kk, kv, ntks, allowed, rule)
+            z, tz = _expectations(k, kq, kk, kv, ntks, allowed, rule)
         b2 = 0.0 if s.b_o is None else s.b_o ** 2
         nngp, cov1, cov2 = (s.W_o ** 2 * a + b2 for a in z)
         ntk = None
@@ -173,8 +184,7 @@ def attention_rule(embed_dim: int, stds: Stds, parameterization: str, mask: jax.
             own = nngp if parameterization == "ntk" else (embed_dim * z[0]
                                                          + (0.0 if s.b_o is None else 1.0))
             ntk = own + s.W_o ** 2 * tz
-        out = k.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, is_gaussian=True)
-        return out.with_error(jnp.max(jnp.stack(errors))) if errors else out
+        return k.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, is_gaussian=True)
 
     return kernel_fn
 
@@ -247,4 +257,5 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
     return Layer(init_fn, apply_fn,
                  attention_rule(embed_dim, stds, parameterization, mask, linear_scaling, rule,
                                 padding_id),
-                 full_spatial=True, input_kernel=sequence_kernel)
+                 full_spatial=True, input_kernel=sequence_kernel,
+                 replicates=0 if linear_scaling else rule.replicates)

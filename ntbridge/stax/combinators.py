@@ -28,21 +28,6 @@ def _run(fns: Sequence[Callable], inputs: Sequence[tuple[int, ...]], x,
     return values[len(fns) - 1]
 
 
-def _keeping_errors(kernel_fn: Callable) -> Callable:
-    """``kernel_fn`` whose output keeps the largest error estimate of its inputs' kernels (a
-    layer of several inputs starts from one of them)."""
-
-    def fn(ks):
-        out = kernel_fn(ks)
-        errors = [k.error for k in (ks if isinstance(ks, tuple) else (ks,))
-                  if isinstance(k, Kernel) and k.error is not None]
-        for error in errors if isinstance(out, Kernel) else ():
-            out = out.with_error(error)
-        return out
-
-    return fn
-
-
 def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
     """A directed acyclic graph of layers; params are a tuple, one entry per layer.
 
@@ -87,8 +72,7 @@ def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
 
     def kernel_fn(k: Kernel, hyper: tuple | None = None, after: After | None = None) -> Kernel:
         hyper = (None,) * len(layers) if hyper is None else hyper
-        return _run([_keeping_errors(with_hyper(layer, h)) for layer, h in zip(layers, hyper)],
-                    inputs, k, after)
+        return _run([with_hyper(layer, h) for layer, h in zip(layers, hyper)], inputs, k, after)
 
     # the layers reading the input say how, else any layer that needs sequences (attention)
     readers = [layer.input_kernel for layer, i in zip(layers, inputs) if INPUT in i]
@@ -96,7 +80,8 @@ def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
     return Layer(init_fn, apply_fn, kernel_fn, any(layer.full_spatial for layer in layers),
                  pairwise=all(layer.pairwise for layer in layers),
                  hyper=tuple(layer.hyper for layer in layers),
-                 input_kernel=next((r for r in readers if r is not None), None))
+                 input_kernel=next((r for r in readers if r is not None), None),
+                 replicates=max((layer.replicates for layer in layers), default=0))
 
 
 def serial(*layers: Layer) -> Layer:
@@ -150,7 +135,8 @@ def parallel(*layers: Layer) -> Layer:
 
     return Layer(init_fn, apply_fn, kernel_fn, any(layer.full_spatial for layer in layers),
                  pairwise=all(layer.pairwise for layer in layers),
-                 hyper=tuple(layer.hyper for layer in layers))
+                 hyper=tuple(layer.hyper for layer in layers),
+                 replicates=max((layer.replicates for layer in layers), default=0))
 
 
 def same_shapes(shapes, skip_axis: int | None = None) -> None:

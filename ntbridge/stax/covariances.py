@@ -95,14 +95,23 @@ def evaluate(network: Layer, x1: jax.Array, x2: jax.Array | None, names: tuple[s
 
 def evaluate_error(network: Layer, x1: jax.Array, x2: jax.Array | None,
                    names: tuple[str, ...]) -> jax.Array:
-    """The relative error estimate of the network's numerically integrated expectations
-    (``Kernel.error``, e.g. attention's) for the kernels ``names``; 0 where every rule is exact.
+    """The relative error of the kernels ``names`` where the network's rules are numerical
+    expectations with independent replicates (``Layer.replicates``, e.g. attention's): the kernels
+    computed once per replicate alone (one after the other), their largest standard error over
+    the largest entry of their mean (an error bar of the kernel computed with all replicates, to
+    first order in the rules' errors); 0 where every rule is exact.
 
     Example:
         >>> float(evaluate_error(serial(Dense(3, 4, W_std=1., b_std=0.)), jnp.ones((2, 3)), None,
         ...                      ("nngp",)))
         0.0
     """
+    r = network.replicates
+    if r < 2:
+        return jnp.zeros(())
     k = inputs_kernel(network, x1, x2, "ntk" in names, not network.full_spatial)
-    k = network.kernel_fn(k)
-    return jnp.zeros(()) if k.error is None else k.error
+    alone = lambda i: tuple(getattr(network.kernel_fn(k.replace(replicate=i)), n) for n in names)
+    scale = lambda v: jnp.maximum(jnp.max(jnp.abs(v.mean(0))), jnp.finfo(v.dtype).tiny)
+    errors = [jnp.max(jnp.std(v, 0, ddof=1)) / r ** 0.5 / scale(v)
+              for v in jax.lax.map(alone, jnp.arange(r))]
+    return jnp.max(jnp.stack(errors))

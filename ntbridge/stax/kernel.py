@@ -36,8 +36,10 @@ class Kernel:
         layer, not after a nonlinearity); closed-form nonlinearity rules need it.
       diagonal_spatial: whether only same-position covariances are kept (see module doc).
       tokens: whether the outputs are sequences ``(N, T, d)``, features last (see module doc).
-      error: an estimate of the relative error of numerically integrated expectations so far (a
-        scalar; None where every rule was exact), e.g. attention's (``softmax_moments.py``).
+      replicate: for layers whose rule is a numerical expectation with independent replicates
+        (attention's, ``softmax_moments.py``), the one replicate to use alone (an integer scalar;
+        None: all of them), so that a network's kernel can be computed once per replicate and
+        its error estimated from their spread (``covariances.evaluate_error``).
       ids1, ids2: the token ids ``(N1, T)``, ``(N2, T)`` when this is the kernel of a model's
         input ids (None otherwise): what per-example masks (``key_padding_mask``) are made of.
     """
@@ -52,7 +54,7 @@ class Kernel:
     is_gaussian: bool
     diagonal_spatial: bool
     tokens: bool = False
-    error: jax.Array | None = None
+    replicate: jax.Array | None = None
     ids1: jax.Array | None = None
     ids2: jax.Array | None = None
 
@@ -63,14 +65,10 @@ class Kernel:
     def spatial_shape(self) -> tuple[int, ...]:
         return self.shape1[1:-1] if self.tokens else self.shape1[2:]
 
-    def with_error(self, error: jax.Array) -> "Kernel":
-        """``self`` with ``error`` folded into its error estimate (the larger one)."""
-        return self.replace(error=error if self.error is None else jnp.maximum(self.error, error))
-
 
 jax.tree_util.register_dataclass(
     Kernel,
-    data_fields=["nngp", "ntk", "cov1", "cov2", "error", "ids1", "ids2"],
+    data_fields=["nngp", "ntk", "cov1", "cov2", "replicate", "ids1", "ids2"],
     meta_fields=["shape1", "shape2", "x1_is_x2", "is_gaussian", "diagonal_spatial", "tokens"],
 )
 

@@ -24,6 +24,8 @@ A layer is a tiny stax triple plus what it requires of its input kernel:
   of the raw inputs in the layout it expects; a network takes that of a layer reading its input,
   else of any layer (attention needs sequences), else the channels-first
   :func:`~ntbridge.stax.kernel.input_kernel`.
+* ``replicates``: for a rule that is a numerical expectation, its number of independent
+  replicates (``Kernel.replicate`` picks one); 0 for exact rules (a network: its layers' largest).
 
 How a layer declares hyper-parameters: it lists them with their values in ``hyper`` and takes
 them as the second argument of its ``kernel_fn``, defaulting to those values::
@@ -82,6 +84,7 @@ class Layer(NamedTuple):
     pairwise: bool = True
     hyper: Any = {}
     input_kernel: Callable[..., Kernel] | None = None
+    replicates: int = 0
 
 
 def with_hyper(layer: Layer, hyper: Any = None) -> Callable[[Kernel], Kernel]:

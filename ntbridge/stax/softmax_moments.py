@@ -11,10 +11,10 @@ they are computed numerically:
 
 * the rule: ``points`` scrambled Sobol points in ``4 T^2`` dimensions (Owen scrambling, fixed
   seeds: deterministic), mapped to ``Z`` by the normal quantile, in ``replicates`` independent
-  scramblings. The estimate is their mean and its error the replicates' standard error, which a
-  randomised QMC rule makes an honest, unbiased error bar; it shrinks at least as ``points**-1/2``
-  (Monte-Carlo's order) and, for integrands as smooth as these, faster (close to ``points**-1``
-  where the logits' variance is moderate, as at torch's initialisation);
+  scramblings. The estimate is their mean. A network's kernel computed once per replicate (each
+  alone, ``Kernel.replicate``) gives independent, unbiased estimates whose standard error is an
+  honest error bar of the kernel (``covariances.evaluate_error``); it shrinks at least as
+  ``points**-1/2`` (Monte-Carlo's order) and, for integrands as smooth as these, faster;
 * beyond 21201 dimensions (``T > 72``) Sobol points do not exist and plain Gaussian samples are
   used (the same error bar, Monte-Carlo's order).
 
@@ -38,7 +38,7 @@ class Rule(NamedTuple):
     """The numerical expectation's rule: ``points`` per replicate (a power of 2), ``replicates``
     independent scramblings, the base ``seed``, and ``chunk`` points evaluated at once."""
 
-    points: int = 256
+    points: int = 64
     replicates: int = 8
     seed: int = 0
     chunk: int = 16
@@ -147,11 +147,3 @@ def pair_moments(b: Blocks, z: jax.Array, allowed_n, allowed_m, chunk: int):
                         jax.eval_shape(terms, zc[:, 0]))
     total, _ = jax.lax.scan(step, zero, jnp.swapaxes(zc, 0, 1))
     return jax.tree.map(lambda t: t / s, total)
-
-
-def estimate(replicated: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The mean over the leading replicate axis and its standard error."""
-    r = replicated.shape[0]
-    mean = replicated.mean(0)
-    spread = jnp.sqrt(jnp.square(replicated - mean).sum(0) / max(r - 1, 1) / r)
-    return mean, spread
