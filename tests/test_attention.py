@@ -102,6 +102,42 @@ def test_padded_forward_is_torchs(norm_first):
     assert _forward_error(Padded(norm_first=norm_first).eval(), ids) < 1e-5
 
 
+class Encoder(nn.Module):
+    """Embedding, an encoder and a pooling head, batch-first or time-major (``batch_first=False``
+    layers between two transposes)."""
+
+    def __init__(self, batch_first=True, pool="mean", transpose=True):
+        super().__init__()
+        self.emb = nn.Embedding(40, 32)
+        layer = nn.TransformerEncoderLayer(32, 2, 64, batch_first=batch_first)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(32, 1)
+        self.batch_first, self.pool, self.transpose = batch_first, pool, transpose
+
+    def forward(self, ids):
+        if self.batch_first:
+            h = self.enc(self.emb(ids))
+            return self.head(h.mean(1) if self.pool == "mean" else h[:, -1])
+        h = self.enc(self.emb(ids).transpose(0, 1) if self.transpose else self.emb(ids))
+        return self.head({"mean": lambda: h.mean(0), "last": lambda: h[-1],
+                          "flatten": lambda: h.flatten(1)}[self.pool]())
+
+
+@pytest.mark.parametrize("pool", ["mean", "last"])
+def test_time_major_models_are_their_batch_first_twins(pool):
+    # batch_first=False layers between transposes: torch's forward, and the batch-first model's
+    # kernels exactly (the conversion runs the stretch batch-first)
+    ids = torch.randint(0, 40, (3, 6), generator=torch.Generator().manual_seed(7))
+    models = []
+    for batch_first in (False, True):
+        torch.manual_seed(0)
+        models.append(Encoder(batch_first, pool).eval())
+    assert _forward_error(models[0], ids) < 1e-5
+    time_major, batch_first = (ntbridge.kernel(m, ids) for m in models)
+    assert torch.equal(time_major.ntk, batch_first.ntk)
+    assert torch.equal(time_major.nngp, batch_first.nngp)
+
+
 def _close(mc, analytic, error, sigmas=5.0):
     """|mc - analytic| within ``sigmas`` of the combined standard errors (both estimates')."""
     spread = torch.sqrt(mc.standard_error ** 2 + (error * analytic.abs().max()) ** 2)
@@ -242,6 +278,12 @@ def test_bad_transformer_inputs_are_named():
 
     with pytest.raises(errors.UnsupportedLayerError, match=r"key_padding_mask=\(ids == pad_id\)"):
         ntbridge.ntk(Buffered(), x)
+    ids = torch.ones(2, 6, dtype=torch.long)
+    with pytest.raises(errors.UnsupportedLayerError, match=r"batch_first=False but gets "
+                                                          r"sequences \(N, T, E\)"):
+        ntbridge.ntk(Encoder(batch_first=False, transpose=False).eval(), ids)
+    with pytest.raises(errors.UnsupportedLayerError, match=r"acts on a time-major sequence"):
+        ntbridge.ntk(Encoder(batch_first=False, pool="flatten").eval(), ids)
     with pytest.raises(errors.ShapeError, match=r"pad them to one length and mask"):
         ntbridge.ntk(TextClassifier().eval(), torch.ones(2, 6, dtype=torch.long),
                      torch.ones(2, 5, dtype=torch.long))

@@ -79,6 +79,19 @@ def additive_mask(mask, length: int | None, where: str) -> jnp.ndarray | None:
     return jnp.asarray(m.numpy())
 
 
+def check_layout(batch_first: bool, ctx: Context, where: str) -> None:
+    """The layout a module reads must be its input's: batch-first ``(N, T, E)``, or time-major
+    ``(T, N, E)`` after a transpose in ``forward`` (``ctx.call['time_major']``, :mod:`.layout`)."""
+    time_major = bool((ctx.call or {}).get("time_major"))
+    if batch_first == time_major:
+        given, read = (("(T, N, E)", "batch_first=True") if time_major
+                       else ("(N, T, E)", "batch_first=False"))
+        raise UnsupportedLayerError(
+            f"{where} has {read} but gets sequences {given}: ntbridge's inputs are batch-first "
+            f"(N, T, E); with batch_first=False, transpose them in forward (x.transpose(0, 1)) "
+            f"before the module and back after it.")
+
+
 def _call_mask(ctx: Context, names: tuple[str, ...], causal_name: str | None, where: str):
     """The (T, T) additive mask of a traced call's keyword arguments (None: none), and the
     padding id of its key padding mask (None: none)."""
@@ -112,9 +125,7 @@ def _attention(module: nn.MultiheadAttention, ctx: Context) -> stax.Layer:
     if module.training and module.dropout > 0:
         raise UnsupportedLayerError(f"{where} drops attention weights in training mode "
                                     f"(dropout={module.dropout}); call model.eval().")
-    if not module.batch_first:
-        raise UnsupportedLayerError(f"{where} has batch_first=False (inputs (T, N, E)); build it "
-                                    f"with batch_first=True and pass inputs (N, T, E).")
+    check_layout(module.batch_first, ctx, where)
     mask, padding_id = _call_mask(ctx, ("attn_mask",), "is_causal", where)
     return SelfAttention(module.embed_dim, module.num_heads, _attention_stds(module, ctx),
                          parameterization=ctx.parameterization, mask=mask,
@@ -209,14 +220,12 @@ def _encoder_call(ctx: Context) -> dict:
     call = dict(ctx.call or {})
     return {"attn_mask": call.get("src_mask", call.get("mask")),
             "key_padding_mask": call.get("src_key_padding_mask"),
-            "is_causal": call.get("is_causal")}
+            "is_causal": call.get("is_causal"), "time_major": call.get("time_major")}
 
 
 @register(nn.TransformerEncoderLayer)
 def _encoder_layer(module: nn.TransformerEncoderLayer, ctx: Context) -> stax.Layer:
-    if not module.self_attn.batch_first:
-        raise UnsupportedLayerError("TransformerEncoderLayer with batch_first=False (inputs "
-                                    "(T, N, d)) is not supported; build it with batch_first=True.")
+    check_layout(module.self_attn.batch_first, ctx, f"TransformerEncoderLayer '{ctx.name}'")
     return encoder_layer(module, ctx, _encoder_call(ctx))
 
 
@@ -228,9 +237,7 @@ def _encoder(module: nn.TransformerEncoder, ctx: Context) -> stax.Layer:
     for j, layer in enumerate(module.layers):
         name = f"layers.{j}"
         sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options)
-        if not layer.self_attn.batch_first:
-            raise UnsupportedLayerError(f"{sub.name}: batch_first=False (inputs (T, N, d)) is not "
-                                        f"supported; build the layers with batch_first=True.")
+        check_layout(layer.self_attn.batch_first, ctx, sub.name)
         h = net.attention(name, encoder_layer(layer, sub, call), h)
         ctx.hyper.update({f"{name}.{k}": v for k, v in sub.hyper.items()})
     if module.norm is not None:

@@ -38,6 +38,7 @@ from .functional import FUNCTIONS, METHOD_FORMS, module_of
 from .graph import Node, make_node
 from .independence import correlated, dependent
 from .indexing import Stack
+from .layout import batch_first_form, swapped
 from .products import Multiply
 from .registry import Options
 from .tracing import constant, describe, trace
@@ -192,6 +193,7 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     constants: dict[fx.Node, object] = {}  # nodes computed from the model's buffers alone
     attrs: dict[fx.Node, torch.Tensor] = {}  # get_attr nodes: the model's tensors
     paddings: dict[fx.Node, PaddingIds] = {}  # input ids == pad: key padding masks
+    time_major: set[fx.Node] = set()  # sequences (T, N, d), computed batch-first (.layout)
     params, attention_calls = dict(model.named_parameters()), set()
     for node in trace(model).nodes:
         if (value := constant(model, node, constants)) is not None:
@@ -221,12 +223,21 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
             attrs[node] = tensors[node.target]
         elif (found := attention_output(node, attention_calls)) is not None:
             index[node] = index[found]
+            if found in time_major:
+                time_major.add(node)
+        elif (source := swapped(node)) is not None:  # (N, T, d) <-> (T, N, d): the same kernel
+            index[node] = _source(source, index, describe(node))
+            if source not in time_major:
+                time_major.add(node)
         elif is_positions(node, attrs, params):
             owner, module, x = positions(node, attrs)
             index[node] = len(nodes)
             nodes.append(make_node(len(nodes), owner, module, (_source(x, index, describe(node)),),
                                    options, describe(node)))
         elif node.op == "output":
+            if node.args[0] in time_major:
+                raise ConversionError("forward returns a time-major sequence (T, N, d); "
+                                      "ntbridge's outputs are batch-first: transpose it back.")
             nodes += _output(node, index, nodes, options)
         elif not _is_shape(node):
             call = None
@@ -247,6 +258,12 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
                     if a.op == "get_attr" and a not in constants:
                         _source(a, index, origin)
                 module, sources = _located(equivalent, origin)(node, constants)
+            if any(a in time_major for a in sources):
+                module, stays = batch_first_form(module, origin)
+                if stays:
+                    time_major.add(node)
+            if call is not None:
+                call["time_major"] = node in time_major
             inputs = tuple(_source(a, index, origin) for a in sources)
             if isinstance(module, (Add, Concat, Stack)):
                 module.correlated = correlated(nodes, inputs)
