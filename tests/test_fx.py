@@ -1,6 +1,7 @@
 """Models that are not nn.Sequential, traced with torch.fx: residual sums, concatenations,
 functional calls, nested submodules; the combinators they become; what cannot be traced."""
 
+import jax
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,7 +9,7 @@ from torch import nn
 
 import ntbridge
 from ntbridge import errors, stax
-from ntbridge.converters import fx as ntfx
+from ntbridge.converters import equivalents
 from ntbridge.converters.tracing import trace
 from ntbridge.dlpack import precision, to_jax, to_torch
 
@@ -25,7 +26,7 @@ def rel_error(a, b):
 def apply(model, x):
     with precision(x.dtype):
         g = ntbridge.convert(model)
-        return to_torch(g.apply_fn(g.params, to_jax(x)))
+        return to_torch(jax.jit(g.apply_fn)(g.params, to_jax(x)))
 
 
 class ResNet(nn.Module):
@@ -172,8 +173,8 @@ def traced(fn):
             return fn(x)
 
     graph = trace(M())
-    return [ntfx.equivalent(n) for n in graph.nodes
-            if n.op in ("call_function", "call_method") and not ntfx._is_shape(n)]
+    return [equivalents.equivalent(n) for n in graph.nodes
+            if n.op in ("call_function", "call_method") and not equivalents.is_shape(n)]
 
 
 @pytest.mark.parametrize("fn,expected", [
@@ -187,8 +188,8 @@ def traced(fn):
     (lambda x: x.flatten(2, 3), nn.Flatten(2, 3)),
     (lambda x: x.view(x.size(0), -1), nn.Flatten()), (lambda x: x.reshape(x.shape[0], -1), nn.Flatten()),
     (lambda x: x.reshape((x.size()[0], -1)), nn.Flatten()),
-    (lambda x: 2 * x, ntfx.Scale(2.0)), (lambda x: x.mul(0.5), ntfx.Scale(0.5)),
-    (lambda x: x / 4, ntfx.Scale(0.25)),
+    (lambda x: 2 * x, equivalents.Scale(2.0)), (lambda x: x.mul(0.5), equivalents.Scale(0.5)),
+    (lambda x: x / 4, equivalents.Scale(0.25)),
 ])
 def test_functional_calls_map_to_equivalent_modules(fn, expected):
     [(module, inputs)] = traced(fn)
@@ -197,11 +198,11 @@ def test_functional_calls_map_to_equivalent_modules(fn, expected):
 
 def test_sums_and_concats_map_to_fan_in_modules():
     [(add, inputs)] = traced(lambda x: torch.add(x, x))
-    assert isinstance(add, ntfx.Add) and len(inputs) == 2
+    assert isinstance(add, equivalents.Add) and len(inputs) == 2
     [_, (cat, inputs)] = traced(lambda x: torch.cat([x, x.relu(), x], 1))
-    assert repr(cat) == repr(ntfx.Concat(1)) and len(inputs) == 3
+    assert repr(cat) == repr(equivalents.Concat(1)) and len(inputs) == 3
     [(cat, inputs)] = traced(lambda x: torch.concatenate((x, x), axis=-1))
-    assert repr(cat) == repr(ntfx.Concat(-1)) and len(inputs) == 2
+    assert repr(cat) == repr(equivalents.Concat(-1)) and len(inputs) == 2
 
 
 @pytest.mark.parametrize("fn,operation,message", [

@@ -1,0 +1,153 @@
+"""Functional calls in a traced ``forward`` as the module instances computing them
+(:func:`equivalent`): ``F.gelu(x, approximate=a)`` -> ``nn.GELU(a)`` as every activation's
+functional and method forms (:mod:`.functional`), ``x.view(x.size(0), -1)`` -> ``nn.Flatten()``,
+``F.interpolate`` -> ``nn.Upsample``, ``+`` -> :class:`~.combinators.Add`, ``torch.cat`` ->
+:class:`~.combinators.Concat`, products and quotients by constants -> :class:`~.combinators.Scale`,
+the product of two tensors -> :class:`~.products.Multiply`, indexing, reductions and stacks ->
+:mod:`.indexing`'s, ``h @ M`` -> :mod:`.graph_ops`'."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from ..errors import UnsupportedLayerError
+from . import graph_ops, indexing
+from .combinators import Add, Concat, Scale
+from .functional import FUNCTIONS, METHOD_FORMS, module_of
+from .products import Multiply
+
+
+def _flatten(x, start_dim=0, end_dim=-1) -> nn.Module:
+    if start_dim == 0:
+        raise UnsupportedLayerError("flattening from axis 0 mixes the examples of the batch; "
+                                    "flatten from axis 1: torch.flatten(x, 1).")
+    return nn.Flatten(start_dim, end_dim)
+
+
+def is_shape(a) -> bool:
+    """Whether fx node ``a`` computes a shape or size (an int), not a tensor."""
+    if not isinstance(a, fx.Node):
+        return False
+    return ((a.op == "call_method" and a.target == "size")
+            or (a.op == "call_function" and a.target is getattr and a.args[1] == "shape")
+            or (a.op == "call_function" and a.target is operator.getitem and is_shape(a.args[0])))
+
+
+def _is_batch_size(a) -> bool:
+    """Whether fx node ``a`` is ``t.size(0)``, ``t.shape[0]`` or ``t.size()[0]``."""
+    if not isinstance(a, fx.Node):
+        return False
+    if a.op == "call_method" and a.target == "size":
+        return (a.args[1:] or (a.kwargs.get("dim"),)) == (0,)
+    return a.target is operator.getitem and is_shape(a.args[0]) and a.args[1] == 0
+
+
+def _view(x, *shape) -> nn.Module:
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    if len(shape) == 2 and _is_batch_size(shape[0]) and shape[1] == -1:
+        return nn.Flatten()
+    raise UnsupportedLayerError(
+        "only reshapes that flatten each example are supported: x.view(x.size(0), -1), "
+        "x.reshape(x.shape[0], -1), x.flatten(1) or torch.flatten(x, 1).")
+
+
+def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None) -> nn.Module:
+    return nn.AvgPool2d(kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override)
+
+
+def _interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                 recompute_scale_factor=None, antialias=False) -> nn.Module:
+    """``F.interpolate`` as the ``nn.Upsample`` it equals (the deprecated ``F.upsample``,
+    ``F.upsample_nearest`` and ``F.upsample_bilinear`` call it: fx records it)."""
+    if antialias:
+        raise UnsupportedLayerError(
+            f"antialias=True (mode={mode!r}) has no kernel rule in ntbridge, nor a translation "
+            f"for its empirical kernels; with antialias=False every mode's kernel is exact.")
+    return nn.Upsample(size, scale_factor, mode, align_corners, recompute_scale_factor)
+
+
+def _scale(x, c, divide: bool = False) -> nn.Module:
+    if isinstance(x, fx.Node) and isinstance(c, fx.Node):
+        if divide:
+            raise UnsupportedLayerError("the quotient of two tensors has no kernel rule; only "
+                                        "division by a constant number is supported.")
+        return Multiply()
+    c = c if isinstance(x, fx.Node) else x
+    if not isinstance(c, (int, float)) or isinstance(c, bool):
+        what = f"a constant tensor of shape {tuple(c.shape)}" if isinstance(c, torch.Tensor) else repr(c)
+        raise UnsupportedLayerError(f"multiplication by {what}: only constant numbers (or another "
+                                    f"tensor computed by the model) are supported.")
+    return Scale(1 / c if divide else float(c))
+
+
+def _add(x, y, *, alpha=1) -> nn.Module:
+    if not (isinstance(x, fx.Node) and isinstance(y, fx.Node)) or alpha != 1:
+        raise UnsupportedLayerError("only sums of two tensors (x + y, torch.add(x, y)) are "
+                                    "supported, not the addition of constants or alpha != 1.")
+    return Add()
+
+
+UNARY: dict = {
+    F.avg_pool2d: _avg_pool2d,
+    F.adaptive_avg_pool2d: lambda x, output_size: nn.AdaptiveAvgPool2d(output_size),
+    torch.flatten: _flatten,
+    F.interpolate: _interpolate,  # F.upsample* trace to it
+    F.pixel_shuffle: lambda x, upscale_factor: nn.PixelShuffle(upscale_factor),
+    F.pixel_unshuffle: lambda x, downscale_factor: nn.PixelUnshuffle(downscale_factor),
+    operator.mul: _scale, torch.mul: _scale,
+    operator.truediv: lambda x, c: _scale(x, c, divide=True),
+}
+BINARY: dict = {operator.add: _add, torch.add: _add}
+METHODS: dict = {
+    "flatten": _flatten, "view": _view, "reshape": _view,
+    "div": lambda x, c: _scale(x, c, divide=True),
+}
+BINARY_METHODS: dict = {"add": _add, "mul": _scale}
+OTHER_FUNCTIONS = {**indexing.FUNCTIONS, **graph_ops.FUNCTIONS}  # -> (module, input nodes)
+OTHER_METHODS = {**indexing.METHODS, **graph_ops.METHODS}
+
+CONCATS = (torch.cat, torch.concat, torch.concatenate)
+
+
+def _concat(tensors, dim=0, *, axis=None) -> nn.Module:
+    return Concat(dim if axis is None else axis)
+
+
+def equivalent(node: fx.Node, constants: dict | None = None) -> tuple[nn.Module, list]:
+    """The module instance computing fx node ``node``, and the fx nodes it takes as inputs;
+    ``constants``: the values of the nodes computed from the model's buffers alone."""
+    constants = constants or {}
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: constants.get(a, a))
+    other = (OTHER_FUNCTIONS if node.op == "call_function" else OTHER_METHODS).get(node.target)
+    if other is not None:
+        return other(*args, **kwargs)
+    if ((node.op == "call_function" and node.target in FUNCTIONS)
+            or (node.op == "call_method" and node.target in METHOD_FORMS)):
+        module, x = module_of(node.target, args, kwargs)
+        return module, [x]
+    if node.op == "call_method" and node.target in BINARY_METHODS:
+        module = BINARY_METHODS[node.target](*args, **kwargs)
+        return module, [a for a in args if isinstance(a, fx.Node)]
+    if node.op == "call_method" and node.target in METHODS:
+        return METHODS[node.target](*args, **kwargs), [args[0]]
+    if node.op == "call_function" and node.target in BINARY:
+        return BINARY[node.target](*args, **kwargs), list(args)
+    if node.op == "call_function" and node.target in CONCATS:
+        return _concat(*args, **kwargs), list(args[0])
+    if node.op == "call_function" and node.target in UNARY:
+        module = UNARY[node.target](*args, **kwargs)
+        return module, [a for a in args if isinstance(a, fx.Node)]
+    what = getattr(node.target, "__name__", node.target)
+    functions = (*UNARY, *BINARY, *CONCATS, *FUNCTIONS, *OTHER_FUNCTIONS)
+    raise UnsupportedLayerError(
+        f"{node.op} '{what}' has no equivalent module here. Supported: the registered modules, "
+        f"{sorted({getattr(f, '__name__', f) for f in functions})} and the tensor methods "
+        f"{sorted({*METHODS, *METHOD_FORMS, *BINARY_METHODS, *OTHER_METHODS})}. Use a module, "
+        f"or register a converter for "
+        f"a module wrapping this computation (ntbridge.register_converter).")
