@@ -19,7 +19,6 @@ import copy
 import dataclasses
 from typing import Iterable, Sequence
 
-import jax
 import torch
 from torch import nn
 
@@ -110,8 +109,7 @@ def expectation_error(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | Non
     prepared = prepare(Request(model, x1, x2, Analytic(get), conversion=conversion))
     with precision(x1.dtype if x1.is_floating_point() else model_dtype(model)):
         a1, a2 = (None if x is None else to_jax(x) for x in (prepared.x1, prepared.x2))
-        network = prepared.graph.network
-        return float(jax.jit(lambda a1, a2: evaluate_error(network, a1, a2, names))(a1, a2))
+        return evaluate_error(prepared.graph.network, a1, a2, names)
 
 
 def _empirical_batching(model: nn.Module, options: dict) -> tuple[Batching, bool]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from .combinators import After
 from .kernel import Kernel, input_kernel
@@ -77,11 +77,12 @@ def with_covariances(covs1: Covariances, covs2: Covariances) -> After:
 
 def evaluate(network: Layer, x1: jax.Array, x2: jax.Array | None, names: tuple[str, ...],
              covs: tuple[Covariances, Covariances] | None = None,
-             hyper: tuple | None = None) -> dict[str, jax.Array]:
+             hyper: tuple | None = None, replicate: jax.Array | None = None) -> dict[str, jax.Array]:
     """The kernels ``names`` (``"nngp"``, ``"ntk"``) of the ``dag`` network's outputs for inputs
     x1 ``(N1, ...)`` and x2 ``(N2, ...)`` (None: x1 with itself); ``covs``: the examples' own
     covariances at every layer (:func:`own_covariances` of the x1 and of the x2 examples, stacked),
-    used instead of computing them; ``hyper``: the layers' hyper-parameters (None: their own).
+    used instead of computing them; ``hyper``: the layers' hyper-parameters (None: their own);
+    ``replicate``: the one replicate of numerical rules to use (``Kernel.replicate``; None: all).
 
     Example:
         >>> evaluate(serial(Dense(3, 4, W_std=1., b_std=0.), Relu()), jnp.ones((5, 3)), None,
@@ -89,29 +90,33 @@ def evaluate(network: Layer, x1: jax.Array, x2: jax.Array | None, names: tuple[s
         (5, 5)
     """
     k = inputs_kernel(network, x1, x2, "ntk" in names, not network.full_spatial)
-    k = network.kernel_fn(k, hyper, after=None if covs is None else with_covariances(*covs))
+    k = network.kernel_fn(k.replace(replicate=replicate), hyper,
+                          after=None if covs is None else with_covariances(*covs))
     return {name: getattr(k, name) for name in names}
 
 
 def evaluate_error(network: Layer, x1: jax.Array, x2: jax.Array | None,
-                   names: tuple[str, ...]) -> jax.Array:
+                   names: tuple[str, ...]) -> float:
     """The relative error of the kernels ``names`` where the network's rules are numerical
     expectations with independent replicates (``Layer.replicates``, e.g. attention's): the kernels
-    computed once per replicate alone (one after the other), their largest standard error over
-    the largest entry of their mean (an error bar of the kernel computed with all replicates, to
-    first order in the rules' errors); 0 where every rule is exact.
+    computed once per replicate alone, their largest standard error over the largest entry of
+    their mean (an error bar of the kernel computed with all replicates, to first order in the
+    rules' errors); 0 where every rule is exact. One program, called once per replicate (the
+    memory of one kernel computation).
 
     Example:
-        >>> float(evaluate_error(serial(Dense(3, 4, W_std=1., b_std=0.)), jnp.ones((2, 3)), None,
-        ...                      ("nngp",)))
+        >>> evaluate_error(serial(Dense(3, 4, W_std=1., b_std=0.)), jnp.ones((2, 3)), None,
+        ...                ("nngp",))
         0.0
     """
     r = network.replicates
     if r < 2:
-        return jnp.zeros(())
-    k = inputs_kernel(network, x1, x2, "ntk" in names, not network.full_spatial)
-    alone = lambda i: tuple(getattr(network.kernel_fn(k.replace(replicate=i)), n) for n in names)
-    scale = lambda v: jnp.maximum(jnp.max(jnp.abs(v.mean(0))), jnp.finfo(v.dtype).tiny)
-    errors = [jnp.max(jnp.std(v, 0, ddof=1)) / r ** 0.5 / scale(v)
-              for v in jax.lax.map(alone, jnp.arange(r))]
-    return jnp.max(jnp.stack(errors))
+        return 0.0
+    alone = jax.jit(lambda a1, a2, i: evaluate(network, a1, a2, names, replicate=i))
+    runs = [alone(x1, x2, i) for i in range(r)]
+    errors = []
+    for name in names:
+        v = np.stack([np.asarray(run[name]) for run in runs])
+        scale = max(np.abs(v.mean(0)).max(), np.finfo(v.dtype).tiny)
+        errors.append(v.std(0, ddof=1).max() / r ** 0.5 / scale)
+    return float(max(errors))
