@@ -169,6 +169,7 @@ def test_text_classifier_nngp_matches_monte_carlo():
     _close(est, analytic, ntbridge.expectation_error(model, ids, get="nngp"))
 
 
+@pytest.mark.slow
 def test_expectation_error_shrinks_with_refinement():
     # the kernel's reported error falls at least at Monte-Carlo's order (x16 points: / 4), and the
     # coarse kernel lies within a few of its error bars of the refined one
@@ -195,6 +196,7 @@ def test_causal_first_token_is_exact():
         torch.testing.assert_close(getattr(long, name)[:, :, 0, 0], getattr(short, name)[:, :, 0, 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["softmax", "linear"])
 def test_a_padded_batch_gives_the_kernels_of_its_sequences(attention):
     # each sequence's token pairs in the padded batch: as computed for its length alone (the
@@ -293,6 +295,7 @@ def test_bad_transformer_inputs_are_named():
         ntbridge.ntk(nn.Sequential(nn.Linear(3, 2)), torch.ones(2, 3, dtype=torch.long))
 
 
+@pytest.mark.slow
 def test_gradients_of_the_kernel_are_those_of_its_estimate():
     # d/dx of the softmax attention's NTK (fixed rule points: a smooth function of x) against
     # central differences, for x1 = x2 (examples paired with themselves) and for two inputs

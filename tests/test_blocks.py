@@ -54,7 +54,7 @@ def test_blocks_give_the_kernel_in_one_piece(name, monkeypatch):
         whole, args = _analytic(graph, x1.shape)
         blocked = jax.jit(blocks.in_blocks(whole, pair_bytes, analytic.perm_of(graph.network)))
         for b in (x2, None):
-            expected, got = whole(args, x1, b), blocked(args, x1, b)
+            expected, got = jax.jit(whole)(args, x1, b), blocked(args, x1, b)
             for e, g in zip(expected, got):
                 e, g = np.asarray(e), np.asarray(g)
                 assert g.shape == e.shape
@@ -184,7 +184,7 @@ def test_own_covariances_computed_once_per_tile(make, shape, monkeypatch):
         whole, args = _analytic(graph, x1.shape)
         blocked = jax.jit(_analytic(graph, x1.shape, "cpu")[0])
         for b in (x2, None):
-            for e, g in zip(whole(args, x1, b), blocked(args, x1, b)):
+            for e, g in zip(jax.jit(whole)(args, x1, b), blocked(args, x1, b)):
                 e, g = np.asarray(e), np.asarray(g)
                 np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12 * np.abs(e).max())
 
@@ -200,11 +200,13 @@ def test_own_covariances_replace_those_of_every_node_output():
     rng = np.random.default_rng(0)
     with jax.enable_x64(True):
         x1, x2 = jnp.asarray(rng.standard_normal((5, 4))), jnp.asarray(rng.standard_normal((3, 4)))
-        own = jax.vmap(lambda x: covariances.own_covariances(net, x, diagonal_spatial=True))
-        assert isinstance(own(x1)[2], tuple)  # the parallel layer's two outputs
+        own = jax.jit(jax.vmap(lambda x: covariances.own_covariances(net, x, diagonal_spatial=True)))
+        covs1, covs2 = own(x1), own(x2)
+        assert isinstance(covs1[2], tuple)  # the parallel layer's two outputs
         k = stax.input_kernel(x1, x2, compute_ntk=True, diagonal_spatial=True)
-        hooked = net.kernel_fn(k, after=covariances.with_covariances(own(x1), own(x2)))
-        plain = net.kernel_fn(k)
+        hooked = jax.jit(lambda k, c1, c2: net.kernel_fn(
+            k, after=covariances.with_covariances(c1, c2)))(k, covs1, covs2)
+        plain = jax.jit(net.kernel_fn)(k)
         for name in ("nngp", "ntk", "cov1", "cov2"):
             np.testing.assert_allclose(getattr(hooked, name), getattr(plain, name), rtol=1e-13)
 
@@ -218,12 +220,12 @@ def test_blocks_compute_no_covariances_of_their_own():
     then costs about a quarter less."""
     graph = ntbridge.convert(_cnn("GAP").double(), parameterization="ntk")
     own = jax.vmap(lambda x: covariances.own_covariances(graph.network, x, False))
-    rng = np.random.default_rng(0)
 
     def flops(s1, s2, given):
-        a, b = (jnp.asarray(rng.standard_normal((n, 2, 8, 8))) for n in (s1, s2))
+        a, b = (jax.ShapeDtypeStruct((n, 2, 8, 8), jnp.float64) for n in (s1, s2))
         block = lambda args, a, b, covs: fn(args, a, b, covs if given else None)
-        return jax.jit(block).lower(args, a, b, (own(a), own(b))).compile().cost_analysis()["flops"]
+        covs = jax.eval_shape(own, a), jax.eval_shape(own, b)
+        return jax.jit(block).lower(args, a, b, covs).compile().cost_analysis()["flops"]
 
     with jax.enable_x64(True):
         fn, args = _analytic(graph, (1, 2, 8, 8))

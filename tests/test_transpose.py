@@ -5,6 +5,7 @@ models."""
 import itertools
 import warnings
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -99,8 +100,8 @@ def test_kernel_is_the_covariance_map(conv):
     with precision(torch.float64):
         network = ntbridge.convert(conv).network
         for diagonal in (False, True):
-            k = network.kernel_fn(input_kernel(to_jax(x1), to_jax(x2), compute_ntk=True,
-                                               diagonal_spatial=diagonal))
+            k = jax.jit(lambda a1, a2: network.kernel_fn(input_kernel(
+                a1, a2, compute_ntk=True, diagonal_spatial=diagonal)))(to_jax(x1), to_jax(x2))
             for got, expected in ((k.nngp, nngp), (k.ntk, ntk)):
                 expected = same_positions(expected) if diagonal else expected
                 np.testing.assert_allclose(got, expected, rtol=1e-8, atol=1e-12)
