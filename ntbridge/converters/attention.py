@@ -65,7 +65,7 @@ def _attention_stds(module: nn.MultiheadAttention, ctx: Context) -> Stds:
     return Stds(*W, *(b if has_bias else [None] * 4))
 
 
-def additive_mask(mask, length: int | None, where: str) -> jnp.ndarray | None:
+def additive_mask(mask, where: str) -> jnp.ndarray | None:
     """torch's ``attn_mask`` ``(T, T)`` as an additive float mask (boolean True: not allowed)."""
     if mask is None:
         return None
@@ -92,9 +92,9 @@ def check_layout(batch_first: bool, ctx: Context, where: str) -> None:
             f"before the module and back after it.")
 
 
-def _call_mask(ctx: Context, names: tuple[str, ...], causal_name: str | None, where: str):
-    """The (T, T) additive mask of a traced call's keyword arguments (None: none), and the
-    padding id of its key padding mask (None: none)."""
+def _call_mask(ctx: Context, where: str):
+    """The (T, T) additive mask of a traced attention call's keyword arguments (None: none), and
+    the padding id of its key padding mask (None: none)."""
     call = ctx.call or {}
     padding = call.get("key_padding_mask")
     if padding is not None and not isinstance(padding, PaddingIds):
@@ -102,11 +102,11 @@ def _call_mask(ctx: Context, names: tuple[str, ...], causal_name: str | None, wh
             f"{where}: key_padding_mask must be computed in forward from the model's token ids, "
             f"key_padding_mask=(ids == pad_id) (a per-example mask follows its examples through "
             f"the kernel); got a tensor of the model.")
-    mask = next((call[n] for n in names if call.get(n) is not None), None)
-    if causal_name and call.get(causal_name) and mask is None:
-        raise UnsupportedLayerError(f"{where}: {causal_name}=True needs the causal mask itself as "
+    mask = call.get("attn_mask")
+    if call.get("is_causal") and mask is None:
+        raise UnsupportedLayerError(f"{where}: is_causal=True needs the causal mask itself as "
                                     f"well (torch treats it as a hint); pass mask=...")
-    return additive_mask(mask, None, where), None if padding is None else padding.id
+    return additive_mask(mask, where), None if padding is None else padding.id
 
 
 @register(nn.MultiheadAttention)
@@ -126,7 +126,7 @@ def _attention(module: nn.MultiheadAttention, ctx: Context) -> stax.Layer:
         raise UnsupportedLayerError(f"{where} drops attention weights in training mode "
                                     f"(dropout={module.dropout}); call model.eval().")
     check_layout(module.batch_first, ctx, where)
-    mask, padding_id = _call_mask(ctx, ("attn_mask",), "is_causal", where)
+    mask, padding_id = _call_mask(ctx, where)
     return SelfAttention(module.embed_dim, module.num_heads, _attention_stds(module, ctx),
                          parameterization=ctx.parameterization, mask=mask,
                          linear_scaling=ctx.options.attention == "linear", padding_id=padding_id)

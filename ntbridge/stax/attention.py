@@ -13,7 +13,8 @@ with ``Cov(G_n[t, s], G_m[t', s']) = Kq[nt, mt'] Kk[ns, ms']`` and independent o
 ``so**2 E[A_n Kv A_m^T] + bo**2``: the values' covariance weighted by the expectation of products
 of softmaxes (no closed form: :mod:`.softmax_moments` computes it, in independent replicates
 whose spread through the network estimates the kernel's error, ``covariances.evaluate_error``).
-The NTK adds every parameter's part: values and ``out_proj`` as affine layers (``E[A_n Tv A_m^T]``), queries and keys through the softmax's Jacobian ``J = diag(a) - a a^T``:
+The NTK adds every parameter's part: values and ``out_proj`` as affine layers
+(``E[A_n Tv A_m^T]``), queries and keys through the softmax's Jacobian ``J = diag(a) - a a^T``:
 ``E[sum (J_n Kv J_m) * TG]`` with the logits' NTK ``TG = Tq Kk + Kq Tk`` (product rule).
 
 Which limit: a head's channels share its logits, so with a fixed number of heads the layer's
@@ -37,7 +38,7 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel
-from .layers import Layer, _sample
+from .layers import Layer, _sample, dense_rule
 from .sequence import sequence_kernel
 from .softmax_moments import Blocks, Rule, masked_softmax, normal_points, pair_moments, psd_factor
 
@@ -56,16 +57,6 @@ class Stds(NamedTuple):
     b_o: float | None
 
 
-def _projection(k: Kernel, W: float, b: float | None, fan_in: int, parameterization: str):
-    """Per-channel NNGP arrays ``(nngp, cov1, cov2)`` and NTK of ``W x + b`` (token pairs)."""
-    b2 = 0.0 if b is None else b * b
-    nngp, cov1, cov2 = (W * W * a + b2 for a in (k.nngp, k.cov1, k.cov2))
-    if k.ntk is None:
-        return (nngp, cov1, cov2), None
-    own = nngp if parameterization == "ntk" else fan_in * k.nngp + (0.0 if b is None else 1.0)
-    return (nngp, cov1, cov2), own + W * W * k.ntk
-
-
 def _joint(c_n, c_nm, c_m):
     """The ``(2T, 2T)`` covariance of both examples' tokens from its blocks."""
     return jnp.concatenate([jnp.concatenate([c_n, c_nm], -1),
@@ -77,7 +68,7 @@ def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule, replicate):
     ``(cov_n, cov_nm, cov_m)`` of arrays broadcasting to ``kv`` ``(..., T, T)``; ``ntks``:
     ``(tq, tk, tv)`` cross NTKs or None; ``allowed``: ``(allowed_n, allowed_m)``, boolean arrays
     broadcasting to ``kv`` (None: every key); ``replicate``: the rule's replicate to use alone
-    (None: all). Returns ``(nngp, ntk)`` arrays ``(..., T, T)`` (the NTK's None without ``ntks``)."""
+    (None: all). Returns ``(nngp, ntk)`` arrays ``(..., T, T)`` (NTK None without ``ntks``)."""
     t, batch = kv.shape[-1], kv.shape[:-2]
     z = jnp.asarray(normal_points(rule, t), kv.dtype)
     z = z if replicate is None else jnp.take(z, replicate, 0)[None]
@@ -90,7 +81,7 @@ def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule, replicate):
     masks = tuple(jnp.ones(kv.shape, bool) if a is None else spread(a) for a in allowed)
     flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[-2:]), (blocks, masks))
     out = jax.vmap(lambda b, m: pair_moments(b, z, *m, rule.chunk))(*flat)
-    return jax.tree.map(lambda a: a.mean(1).reshape(*batch, t, t), out)
+    return jax.tree.map(lambda a: a.reshape(*batch, t, t), out)
 
 
 def _pair_moments(k: Kernel, kq, kk, kv, ntks, allowed, rule: Rule):
@@ -169,22 +160,18 @@ def attention_rule(embed_dim: int, stds: Stds, parameterization: str, mask: jax.
                 f"self-attention needs sequence inputs (N, T, {embed_dim}) and the covariance of "
                 f"every pair of tokens; got a kernel of inputs {k.shape1}.")
         allowed = _allowed(mask, padding_id, ids)
-        kq, tq = _projection(k, s.W_q, s.b_q, embed_dim, parameterization)
-        kv, tv = _projection(k, s.W_v, s.b_v, embed_dim, parameterization)
+        # the projections, per channel: the kernels (nngp, cov1, cov2) and the NTK of each
+        affine = lambda k, W, b: dense_rule(k, embed_dim, embed_dim, W, b, parameterization)
+        arrays = lambda p: ((p.nngp, p.cov1, p.cov2), p.ntk)
+        (kq, tq), (kv, tv) = arrays(affine(k, s.W_q, s.b_q)), arrays(affine(k, s.W_v, s.b_v))
         if linear_scaling:
             z, tz = _linear_limit(k, s, kv, tv, allowed)
         else:
-            kk, tk = _projection(k, s.W_k, s.b_k, embed_dim, parameterization)
+            kk, tk = arrays(affine(k, s.W_k, s.b_k))
             ntks = None if k.ntk is None else (tq, tk, tv)
             z, tz = _expectations(k, kq, kk, kv, ntks, allowed, rule)
-        b2 = 0.0 if s.b_o is None else s.b_o ** 2
-        nngp, cov1, cov2 = (s.W_o ** 2 * a + b2 for a in z)
-        ntk = None
-        if k.ntk is not None:
-            own = nngp if parameterization == "ntk" else (embed_dim * z[0]
-                                                         + (0.0 if s.b_o is None else 1.0))
-            ntk = own + s.W_o ** 2 * tz
-        return k.replace(nngp=nngp, ntk=ntk, cov1=cov1, cov2=cov2, is_gaussian=True)
+        mixed = k.replace(nngp=z[0], cov1=z[1], cov2=z[2], ntk=tz)  # the heads' A v
+        return affine(mixed, s.W_o, s.b_o)
 
     return kernel_fn
 

@@ -43,10 +43,6 @@ class Rule(NamedTuple):
     seed: int = 0
     chunk: int = 16
 
-    def refined(self, factor: int = 2) -> "Rule":
-        """The same rule with ``factor`` times the points (its error should shrink accordingly)."""
-        return self._replace(points=self.points * factor)
-
 
 @functools.lru_cache(maxsize=16)
 def normal_points(rule: Rule, tokens: int) -> np.ndarray:
@@ -103,8 +99,8 @@ def _tangent(a, b, m, kv):
 
 class Blocks(NamedTuple):
     """One pair's blocks, each ``(T, T)`` (``n`` the x1 example, ``m`` the x2 one): the factors'
-    rows ``lq_n, lq_m, lk_n, lk_m`` ``(T, 2T)``, the cross covariances of values ``kv``, and, for the
-    NTK, the cross kernels ``tq, tk, tv`` (NTKs of queries, keys, values) and ``kq, kk``."""
+    rows ``lq_n, lq_m, lk_n, lk_m`` ``(T, 2T)``, the cross covariances of values ``kv``, and, for
+    the NTK, the cross kernels ``tq, tk, tv`` (NTKs of queries, keys, values) and ``kq, kk``."""
 
     lq_n: jax.Array
     lq_m: jax.Array
@@ -133,17 +129,16 @@ def _sample_terms(b: Blocks, z: jax.Array, allowed_n, allowed_m):
 
 
 def pair_moments(b: Blocks, z: jax.Array, allowed_n, allowed_m, chunk: int):
-    """Replicate means of :func:`_sample_terms` over the points ``z`` ``(R, S, 2T, 2T)``: each term
-    as ``(R, T, T)`` (the NTK's None without ``b.tv``)."""
-    r, s = z.shape[:2]
-    chunk = min(chunk, s)
-    zc = z.reshape(r, s // chunk, chunk, *z.shape[2:])
-    terms = jax.vmap(jax.vmap(lambda p: _sample_terms(b, p, allowed_n, allowed_m)))
+    """Means of :func:`_sample_terms` over the points ``z`` ``(R, S, 2T, 2T)`` (all replicates'):
+    each term ``(T, T)`` (the NTK's None without ``b.tv``), ``chunk`` points at a time."""
+    z = z.reshape(-1, *z.shape[2:])
+    chunk = min(chunk, z.shape[0])
+    terms = jax.vmap(lambda p: _sample_terms(b, p, allowed_n, allowed_m))
 
     def step(total, points):
-        return jax.tree.map(lambda t, v: t + v.sum(1), total, terms(points)), None
+        return jax.tree.map(lambda t, v: t + v.sum(0), total, terms(points)), None
 
-    zero = jax.tree.map(lambda v: jnp.zeros((r, *v.shape[2:]), v.dtype),
-                        jax.eval_shape(terms, zc[:, 0]))
-    total, _ = jax.lax.scan(step, zero, jnp.swapaxes(zc, 0, 1))
-    return jax.tree.map(lambda t: t / s, total)
+    zc = z.reshape(-1, chunk, *z.shape[1:])
+    zero = jax.tree.map(lambda v: jnp.zeros(v.shape[1:], v.dtype), jax.eval_shape(terms, zc[0]))
+    total, _ = jax.lax.scan(step, zero, zc)
+    return jax.tree.map(lambda t: t / z.shape[0], total)
