@@ -16,10 +16,14 @@ EXPECTED = {
     "kernel_regression.py": "finite MLP",
     "kernel_distillation.py": "on 10 learned images",
     "training_dynamics.py": "infinite width: test accuracy",
+    "unet.py": "infinite-width U-Net classifies",
+    "bn_resnet.py": "BN-ResNet in eval mode, running statistics",
+    "graph_network.py": "graph network, A_hat = D^-1/2 (A + I) D^-1/2: test accuracy",
 }
 WRITES = {"width_analysis.py": {"width_analysis.png", "width_analysis.csv"},  # into --out
           "kernel_distillation.py": {"kernel_distillation.png"}}
-NEEDS_SKLEARN = {"kernel_regression.py", "kernel_distillation.py", "training_dynamics.py"}
+NEEDS_SKLEARN = {"kernel_regression.py", "kernel_distillation.py", "training_dynamics.py", "unet.py",
+                 "bn_resnet.py"}
 
 
 @pytest.mark.slow
