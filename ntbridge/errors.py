@@ -93,6 +93,11 @@ class CacheWarning(UserWarning):
     """ntbridge's compilation cache directory cannot be written; programs are compiled without it."""
 
 
+class AccuracyWarning(UserWarning):
+    """An approximation is less accurate than asked (e.g. ``ntbridge.features`` with too few
+    features for its ``rtol``); the message gives the expected error and how to reach the target."""
+
+
 class LearningRateWarning(UserWarning):
     """A learning rate beyond the stability limit of discrete gradient descent
     (``ntbridge.predict.max_learning_rate``): the steps diverge."""

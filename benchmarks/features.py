@@ -1,0 +1,146 @@
+"""Random features (``ntbridge.features``): how their error falls with their number, and kernel
+regression on 200,000 examples as a linear model.
+
+1. Relative error ``|phi phi^T - K| / |K|`` (Frobenius, mean over seeds) of the NNGP and NTK of a
+   3-hidden-layer ReLU MLP and of a CNN (two 3x3 convolutions, global average pooling) against
+   ``ntbridge.kernel``, for F = 64 ... 4096 features (the CNN to 2048); the log-log slope (theory: -1/2), and a plot.
+2. Regression of a teacher network's outputs (16 inputs, noise 0.1) with the NNGP of a
+   2-hidden-layer ReLU MLP: exact kernel regression (``predict.gp_inference``) against ridge
+   regression on F features, on 5,000 training examples where both run (same regularisation);
+   then the features on 200,000 training examples (time, peak memory, test error).
+
+    python benchmarks/features.py [--quick] [--plot features.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+import ntbridge
+
+REG = 1e-2  # the noise variance of the regressions (kernel entries are O(1))
+
+
+def mlp(d: int, hidden: int) -> nn.Module:
+    layers = [nn.Linear(d, 512)]
+    for _ in range(hidden - 1):
+        layers += [nn.ReLU(), nn.Linear(512, 512)]
+    return nn.Sequential(*layers, nn.ReLU(), nn.Linear(512, 1))
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 1))
+
+
+def error_rows(sizes: dict[str, list[int]], seeds: int) -> dict:
+    """Per network and kernel, the mean relative error at each F, and the fitted slope."""
+    gen = torch.Generator().manual_seed(0)
+    cases = {"MLP (3 hidden, ReLU)": (mlp(16, 3).double(), torch.randn(128, 16, generator=gen)),
+             "CNN (2 conv, GAP)": (cnn().double(), torch.randn(32, 3, 8, 8, generator=gen))}
+    curves = {}
+    for (label, (model, x)), fs in zip(cases.items(), sizes.values()):
+        x = x.double()
+        exact = ntbridge.kernel(model, x)
+        errors = {"nngp": [], "ntk": []}
+        for f in fs:
+            phis = [ntbridge.features(model, x, f, get=("nngp", "ntk"), seed=s) for s in range(seeds)]
+            for name, k in exact._asdict().items():
+                errors[name].append(np.mean([float((getattr(p, name) @ getattr(p, name).T - k).norm()
+                                                   / k.norm()) for p in phis]))
+        for name, e in errors.items():
+            slope = np.polyfit(np.log(fs), np.log(e), 1)[0]
+            curves[f"{label} {name}"] = (fs, e)
+            print(f"{label:22s} {name:4s} slope {slope:+.2f}  errors "
+                  + " ".join(f"F={f}:{v:.3g}" for f, v in zip(fs, e)), flush=True)
+    return curves
+
+
+def _teacher(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs ``(n, 16)`` and the outputs of a fixed random tanh network, plus noise 0.1."""
+    torch.manual_seed(1234)  # the teacher is the same for every draw of inputs
+    teacher = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 16, generator=gen)
+    with torch.no_grad():
+        y = 3 * teacher(x) + 0.1 * torch.randn(n, 1, generator=gen)
+    return x, y
+
+
+def ridge(phi: torch.Tensor, y: torch.Tensor, phi_test: torch.Tensor) -> torch.Tensor:
+    """Predictions of ridge regression on features, ``phi_test (phi^T phi + REG I)^-1 phi^T y``
+    (= the GP mean with kernel ``phi phi^T`` and noise ``REG``), solved in float64."""
+    a = (phi.T @ phi).double() + REG * torch.eye(phi.shape[1], dtype=torch.float64)
+    w = torch.linalg.solve(a, (phi.T @ y).double())
+    return phi_test.double() @ w
+
+
+def test_error(pred: torch.Tensor, y: torch.Tensor) -> float:
+    return float(((pred - y) ** 2).mean() / y.var())
+
+
+def regression_rows(n_small: int, n_large: int, n_features: int) -> None:
+    model = mlp(16, 2)
+    x_test, y_test = _teacher(10_000, seed=1)
+    x, y = _teacher(n_large, seed=2)
+    xs, ys = x[:n_small].double(), y[:n_small].double()
+    k = ntbridge.nngp(model, torch.cat([xs, x_test.double()]), xs)
+    exact = ntbridge.predict.gp_inference(k[:n_small], ys, k[n_small:], diag_reg=REG).mean
+    phi = ntbridge.features(model, torch.cat([xs, x_test.double()]), n_features)
+    small = ridge(phi[:n_small], ys, phi[n_small:])
+    e_exact, e_small = test_error(exact, y_test), test_error(small, y_test)
+    print(f"N = {n_small}: exact NNGP regression test error {e_exact:.4f} (relative MSE), "
+          f"{n_features} features {e_small:.4f} ({100 * (e_small / e_exact - 1):+.1f}%)", flush=True)
+
+    start = time.perf_counter()
+    phi = ntbridge.features(model, torch.cat([x, x_test]), n_features)
+    made = time.perf_counter() - start
+    pred = ridge(phi[:n_large], y, phi[n_large:])
+    total = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    print(f"N = {n_large}: {n_features} float32 features in {made:.0f} s, regression done in "
+          f"{total:.0f} s (target < 300 s), peak memory {peak:.1f} GiB; test error "
+          f"{test_error(pred, y_test):.4f}", flush=True)
+
+
+def plot(curves: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for label, (fs, errors) in curves.items():
+        ax.loglog(fs, errors, "o-", label=label)
+    fs, errors = next(iter(curves.values()))
+    ax.loglog(fs, [errors[0] * (f / fs[0]) ** -0.5 for f in fs], "k--", label="slope -1/2")
+    ax.set_xlabel("number of features F")
+    ax.set_ylabel("relative Frobenius error")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"Plot written to {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--plot", help="write the error-vs-features plot to this PNG")
+    args = parser.parse_args()
+    full = [64, 128, 256, 512, 1024, 2048, 4096]
+    sizes = {"mlp": [64, 256], "cnn": [64, 256]} if args.quick else {"mlp": full, "cnn": full[:-1]}
+    curves = error_rows(sizes, 2 if args.quick else 3)
+    if args.plot:
+        plot(curves, args.plot)
+    if args.quick:
+        regression_rows(500, 5_000, 256)
+    else:
+        regression_rows(5_000, 200_000, 2048)
+
+
+if __name__ == "__main__":
+    main()
