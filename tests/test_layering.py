@@ -19,7 +19,7 @@ LAYERS = [
     ("analytic", "empirical", "gradients"),
     ("pipeline",),
     ("api",),
-    ("dynamics", "predict", "gpytorch"),
+    ("dynamics", "predict", "gpytorch", "random_features"),
     ("analysis", "files", "testing"),
     ("cli",),
     ("__init__",),
