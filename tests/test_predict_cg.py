@@ -170,7 +170,8 @@ def test_not_converging_raises_with_the_residual(data):
     (dict(solver="cg", tol=-1e-3), "tol must be in"),
     (dict(solver="cg", max_iter=0), "max_iter must be"),
     (dict(solver="cg", preconditioner_rank=-1), "preconditioner_rank must be"),
-    (dict(tol=1e-6), "tol apply to solver='cg' only"),
+    (dict(tol=1e-6), "tol applies to solver='cg' only"),
+    (dict(max_iter=10, preconditioner_rank=5), "max_iter, preconditioner_rank apply to"),
     (dict(solver="cg", diag_reg=-1.0), "diag_reg must be >= 0"),
 ])
 def test_bad_arguments(kwargs, match):

@@ -44,7 +44,8 @@ def settings(solver: str, dense: str, dtype: torch.dtype, tol: float | None,
     given = {"tol": tol, "max_iter": max_iter, "preconditioner_rank": preconditioner_rank}
     if solver == dense:
         if named := [name for name, value in given.items() if value is not None]:
-            raise InputError(f"{', '.join(named)} apply to solver='cg' only; the dense solver "
+            verb = "applies" if len(named) == 1 else "apply"
+            raise InputError(f"{', '.join(named)} {verb} to solver='cg' only; the dense solver "
                              f"({dense!r}) is exact.")
         return None
     chosen = Settings(cg.default_tol(dtype) if tol is None else tol,
@@ -87,7 +88,8 @@ def transients(k: torch.Tensor, rhs: torch.Tensor, when: torch.Tensor, lr: float
     """``A^-1 (I - exp(-lr t A)) rhs`` ``(T, n, c)`` for each time of ``when (T,)`` (``inf``: the
     solve, 0: zeros), with ``A`` the train kernel plus its regularisation; float64."""
     s = shift(k, diag_reg)
-    out = torch.zeros(len(when), *rhs.shape, dtype=torch.float64, device=rhs.device)
+    out = torch.zeros(len(when), *rhs.shape, dtype=torch.float64, device=k.device)
+    when = when.to(k.device)
     infinite, finite = torch.isinf(when), (when > 0) & torch.isfinite(when)
     if bool(infinite.any()):
         x, _ = cg.solve(k, rhs, shift=s, tol=how.tol, max_iter=how.max_iter,

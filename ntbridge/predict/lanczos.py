@@ -105,7 +105,7 @@ def flow_solve(k: torch.Tensor, b: torch.Tensor, lr: float, when: torch.Tensor, 
     """``A^-1 (I - exp(-lr t A)) B`` ``(T, n, c)`` for finite times ``when (T,)`` >= 0, with
     ``A = k + shift I`` (gradient flow's accumulated step), in float64; and the steps taken."""
     a = KernelOperator(k, shift, block_rows=block_rows)
-    b = b.to(k.device, a.dtype)
+    b, when = b.to(k.device, a.dtype), when.to(k.device)
 
     def f(lam: torch.Tensor) -> torch.Tensor:
         return modes(lam.clamp_min(0), lr, when, discrete=False)[1]

@@ -9,7 +9,7 @@ make one). The diagonal shift ``s`` is added to each block's product on the fly.
 Example:
     >>> a = KernelOperator(torch.ones(4, 4), shift=0.5, block_rows=2)
     >>> a.matmul(torch.ones(4, 1)).ravel()                # (K + 0.5 I) @ 1, read in 2 blocks
-    tensor([4.5000, 4.5000, 4.5000, 4.5000])
+    tensor([4.5000, 4.5000, 4.5000, 4.5000], dtype=torch.float64)
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 from ..errors import InputError
 
 #: Bytes of one block of kernel rows, in the dtype the products are computed in: 8 MiB (a block
-#: converted from float32 stays in the processor's cache; larger blocks measured no faster).
+#: converted from float32 is reused from the processor's cache by its product, and the blocks
+#: stay a small part of the memory a solve uses).
 BLOCK_BYTES = 8 * 2**20
 
 
@@ -62,9 +63,9 @@ class KernelOperator:
       k: the kernel ``(n, n)``, a tensor in memory or mapped from a file; never copied whole.
       shift: the diagonal regularisation ``s`` (absolute, >= 0).
       dtype: the dtype the products are computed in, float64 by default whatever ``k``'s dtype
-        (a float32 kernel's blocks are converted as they are read: its products cost about 1.5x
-        float32's, and the solvers' rounding stays far below float32's, so that ``tol`` is not
-        limited by it).
+        (a float32 kernel's blocks are converted as they are read: its products cost about 2x
+        float32's, and conjugate gradients reach tolerances where, in float32 arithmetic, their
+        true residual stalls near 1e-4: ``benchmarks/README.md``).
       block_rows: rows per block (default: :data:`BLOCK_BYTES` of them).
 
     Attributes:
@@ -82,7 +83,8 @@ class KernelOperator:
         self.products = 0
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """``(k + s I) @ x`` for ``x (n, c)`` in :attr:`dtype`."""
+        """``(k + s I) @ x`` for ``x (n, c)``, in :attr:`dtype`."""
+        x = x.to(self.k.device, self.dtype)
         out = torch.empty(self.n, x.shape[1], dtype=self.dtype, device=x.device)
         for start, block in blocks(self.k, self.dtype, self.rows):
             stop = start + block.shape[0]
