@@ -64,6 +64,22 @@ class DependencyError(NtbridgeError, ImportError):
     GPyTorch for ``ntbridge.gpytorch``: ``pip install 'ntbridge[gp]'``)."""
 
 
+class ConvergenceError(NtbridgeError, RuntimeError):
+    """An iterative solver (``ntbridge.predict``'s ``solver="cg"``) did not reach its tolerance
+    within its iteration limit.
+
+    Attributes:
+      residual: the worst relative residual (or, for matrix functions, the relative change of the
+        estimate) reached.
+      iterations: the iterations done.
+    """
+
+    def __init__(self, message: str, residual: float = float("nan"), iterations: int = 0):
+        super().__init__(message)
+        self.residual = residual
+        self.iterations = iterations
+
+
 class ConversionError(NtbridgeError):
     """A model could not be translated (e.g. torch.fx could not trace it)."""
 
