@@ -250,15 +250,18 @@ def features(model: nn.Module, x: torch.Tensor, n_features: int, *,
     except RuntimeError as e:
         raise ShapeError(f"x of shape {tuple(x.shape)} does not fit the model: {e}") from None
     run = _Run(_Draws(seed, x), n_features, "ntk" in names, parameterization)
-    chunks = [_chunk(graph, x[i:i + batch_size].detach(), run) for i in range(0, len(x), batch_size)]
-    if chunks[0].z.ndim != 2:
-        raise ShapeError(f"the model's output has shape {tuple(chunks[0].z.shape[1:])} per "
-                         f"example; features need (N, F): end the model in a Linear or a pooling "
-                         f"and Flatten.")
     values = {}
+    for start in range(0, len(x), batch_size):  # each chunk's channels go straight to the result
+        out = _chunk(graph, x[start:start + batch_size].detach(), run)
+        if out.z.ndim != 2:
+            raise ShapeError(f"the model's output has shape {tuple(out.z.shape[1:])} per "
+                             f"example; features need (N, F): end the model in a Linear or a "
+                             f"pooling and Flatten.")
+        for name in names:
+            channels = out.z if name == "nngp" else out.t
+            phi = values.setdefault(name, x.new_empty((len(x), channels.shape[1])))
+            phi[start:start + len(channels)] = channels / math.sqrt(channels.shape[1])
     for name in names:
-        phi = torch.cat([c.z if name == "nngp" else c.t for c in chunks])
-        values[name] = phi / math.sqrt(phi.shape[1])
         if rtol is not None and (error := sampling_error(values[name])) > rtol:
             warn(AccuracyWarning(f"the {name} features' sampling error is {error:.2g} (relative, at "
                                  f"least: earlier layers add to it) > rtol={rtol:g}; it falls as "
