@@ -21,12 +21,18 @@ import torch
 from ..errors import InputError
 
 
-def regularized(k: torch.Tensor, diag_reg: float) -> torch.Tensor:
-    """``k + diag_reg * mean(diag(k)) * I`` (the regularizer is relative to the kernel's scale)."""
-    if diag_reg < 0:
+def diagonal_shift(k: torch.Tensor, diag_reg: float) -> torch.Tensor | float:
+    """``diag_reg * mean(diag(k))``, the absolute shift ``diag_reg`` stands for (the regularizer is
+    relative to the kernel's scale); reads the diagonal only, and not at all for ``diag_reg = 0``."""
+    if not diag_reg >= 0:
         raise InputError(f"diag_reg must be >= 0, got {diag_reg}.")
-    scale = torch.diagonal(k).mean()
-    return k + diag_reg * scale * torch.eye(k.shape[0], dtype=k.dtype, device=k.device)
+    return diag_reg * torch.diagonal(k).mean() if diag_reg else 0.0
+
+
+def regularized(k: torch.Tensor, diag_reg: float) -> torch.Tensor:
+    """``k + diag_reg * mean(diag(k)) * I`` (see :func:`diagonal_shift`)."""
+    shift = diagonal_shift(k, diag_reg)
+    return k + shift * torch.eye(k.shape[0], dtype=k.dtype, device=k.device)
 
 
 def check_blocks(k_train_train: torch.Tensor, y_train: torch.Tensor,

@@ -23,7 +23,9 @@ import torch
 
 from ..errors import InputError
 from . import cg, lanczos
+from .checks import diagonal_shift
 from .operator import matmul_rows
+
 
 class Settings(NamedTuple):
     """The iterative solvers' stopping rule: relative ``tol``, ``max_iter`` steps, and the rank of
@@ -55,13 +57,6 @@ def settings(solver: str, dense: str, dtype: torch.dtype, tol: float | None,
     return chosen
 
 
-def shift(k: torch.Tensor, diag_reg: float) -> float:
-    """The absolute diagonal shift ``diag_reg * mean(diag(k))`` (from the diagonal alone)."""
-    if not diag_reg >= 0:
-        raise InputError(f"diag_reg must be >= 0, got {diag_reg}.")
-    return diag_reg * float(k.diagonal().to(torch.float64).mean()) if diag_reg else 0.0
-
-
 def columns(y: torch.Tensor, k_test_train: torch.Tensor, covariance: bool) -> torch.Tensor:
     """The right-hand sides ``[y | K(test, train)^T]`` ``(n, c [+ m])``, float64."""
     y = y.to(k_test_train.device, torch.float64)
@@ -73,7 +68,7 @@ def gp_inference(k_train_train: torch.Tensor, y: torch.Tensor, k_test_train: tor
                  how: Settings) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The posterior mean ``(m, c)`` and covariance ``(m, m)`` (or None) by conjugate gradients."""
     rhs = columns(y, k_test_train, k_test_test is not None)
-    x, _ = cg.solve(k_train_train, rhs, shift=shift(k_train_train, diag_reg), tol=how.tol,
+    x, _ = cg.solve(k_train_train, rhs, shift=float(diagonal_shift(k_train_train, diag_reg)), tol=how.tol,
                     max_iter=how.max_iter, preconditioner_rank=how.preconditioner_rank)
     dtype, c = k_train_train.dtype, y.shape[1]
     mean = matmul_rows(k_test_train, x[:, :c]).to(dtype)
@@ -87,7 +82,7 @@ def transients(k: torch.Tensor, rhs: torch.Tensor, when: torch.Tensor, lr: float
                diag_reg: float, how: Settings) -> torch.Tensor:
     """``A^-1 (I - exp(-lr t A)) rhs`` ``(T, n, c)`` for each time of ``when (T,)`` (``inf``: the
     solve, 0: zeros), with ``A`` the train kernel plus its regularisation; float64."""
-    s = shift(k, diag_reg)
+    s = float(diagonal_shift(k, diag_reg))
     out = torch.zeros(len(when), *rhs.shape, dtype=torch.float64, device=k.device)
     when = when.to(k.device)
     infinite, finite = torch.isinf(when), (when > 0) & torch.isfinite(when)

@@ -46,13 +46,19 @@ def blocks(k: torch.Tensor, dtype: torch.dtype, rows: int):
         yield start, block
 
 
-def matmul_rows(k: torch.Tensor, x: torch.Tensor, block_rows: int | None = None) -> torch.Tensor:
-    """``k @ x`` for a matrix ``k (m, n)`` (in memory or mapped from disk) and ``x (n, c)``, in
-    ``x``'s dtype, reading ``k`` one block of rows at a time."""
+def matmul_rows(k: torch.Tensor, x: torch.Tensor, block_rows: int | None = None,
+                shift: float = 0.0) -> torch.Tensor:
+    """``(k + shift I) @ x`` for a matrix ``k (m, n)`` (in memory or mapped from disk; square when
+    ``shift`` is not 0) and ``x (n, c)``, in ``x``'s dtype, reading ``k`` one block of rows at a
+    time (the shift is added to each block's product)."""
     rows = block_rows_for(k.shape[1], x.element_size(), block_rows)
     out = torch.empty(k.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
     for start, block in blocks(k, x.dtype, rows):
-        torch.mm(block, x, out=out[start:start + block.shape[0]])
+        stop = start + block.shape[0]
+        if shift:
+            torch.addmm(x[start:stop], block, x, beta=shift, out=out[start:stop])
+        else:
+            torch.mm(block, x, out=out[start:stop])
     return out
 
 
@@ -84,12 +90,8 @@ class KernelOperator:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``(k + s I) @ x`` for ``x (n, c)``, in :attr:`dtype`."""
-        x = x.to(self.k.device, self.dtype)
-        out = torch.empty(self.n, x.shape[1], dtype=self.dtype, device=x.device)
-        for start, block in blocks(self.k, self.dtype, self.rows):
-            stop = start + block.shape[0]
-            torch.addmm(x[start:stop], block, x, beta=self.shift, out=out[start:stop])
-            self.blocks_read += 1
+        out = matmul_rows(self.k, x.to(self.k.device, self.dtype), self.rows, self.shift)
+        self.blocks_read += -(-self.n // self.rows)
         self.products += 1
         return out
 
