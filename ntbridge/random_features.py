@@ -53,7 +53,7 @@ from .stax import INPUT
 
 ACTIVATIONS = (nn.ReLU, nn.LeakyReLU, nn.RReLU, nn.GELU, Elementwise, *TWINS)
 POSITION_MAPS = (nn.Flatten, nn.Identity, Reduce, Scale, Add, *AVG_POOLS, *DROPOUTS)
-CONVS = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
+CONV_FUNCTIONS = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
 
 
 class _State(NamedTuple):
@@ -99,7 +99,7 @@ def _projection(module: nn.Module, where: str) -> tuple[Callable, tuple[int, ...
     unit variance per input, as the module maps its input (stride, padding, dilation)."""
     if isinstance(module, nn.Linear):
         return (lambda h, g: h @ g.T / math.sqrt(h.shape[1])), (), module.in_features
-    conv = CONVS.get(type(module))
+    conv = CONV_FUNCTIONS.get(type(module))
     if conv is None or module.padding_mode != "zeros":
         raise UnsupportedLayerError(f"{where}: no random-features rule (features cover Linear and "
                                     f"Conv1d/2d/3d with zero padding); use ntbridge.kernel.")
@@ -121,17 +121,19 @@ def _affine(node: Node, hyper: dict, s: _State, run: _Run) -> _State:
                                     f"add nn.Flatten() before it.")
     shape = (s.z.shape[1], *window)
     W, b = as_float(hyper["W_std"]), hyper.get("b_std")
+    b = None if b is None else as_float(b)
     spatial = (1,) * (s.z.ndim - 2)
 
     def sample(h, role, scale, shift):
         y = scale * project(h, run.draws(node.index, role, (run.n_features, *shape)))
-        bias = run.draws(node.index, role + " bias", (run.n_features,)).reshape(-1, *spatial)
-        return y if shift is None else y + shift * bias
+        if shift is None:
+            return y
+        return y + shift * run.draws(node.index, role + " bias", (run.n_features,)).reshape(-1, *spatial)
 
-    z = sample(s.z, "nngp", W, None if b is None else as_float(b))
+    z = sample(s.z, "nngp", W, b)
     t = None
     if run.ntk:
-        own = (sample(s.z, "ntk own", W, None if b is None else as_float(b))
+        own = (sample(s.z, "ntk own", W, b)
                if run.parameterization == "ntk" else
                sample(s.z, "ntk own", math.sqrt(fan_in), None if b is None else 1.0))
         t = own if s.t is None else own + sample(s.t, "ntk carried", W, None)
@@ -176,7 +178,7 @@ def _position_map(node: Node, states: list[_State]) -> _State:
 
 def _layer(node: Node, hyper: dict, states: list[_State], run: _Run) -> _State:
     module = node.module
-    if isinstance(module, (nn.Linear, *CONVS)):
+    if isinstance(module, (nn.Linear, *CONV_FUNCTIONS)):
         return _affine(node, hyper, states[0], run)
     if isinstance(module, ACTIVATIONS):
         return _activation(node, states[0])
