@@ -33,7 +33,7 @@ from .results import Kernels
 from .specs import Analytic
 from .stax import Layer, with_hyper
 from .stax.covariances import Covariances, evaluate, inputs_kernel, own_covariances
-from .stax.kernel import swap_perm
+from .stax.kernel import kernel_dtype, swap_perm
 from .tiling import Task
 from .tiling.blocks import in_blocks, splits
 
@@ -72,9 +72,7 @@ def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStru
     (``spec.by_layer`` on a chain of modules), else None."""
     graph.check_init()
     network, perm = graph.network, perm_of(graph.network)
-    # the kernels' dtype: the inputs', or for token ids the widest float enabled (as ids_kernel's)
-    floating = jnp.issubdtype(x1.dtype, jnp.floating)
-    args = {"hyper": graph.hyper_args(x1.dtype if floating else jax.dtypes.canonicalize_dtype(jnp.float64))}
+    args = {"hyper": graph.hyper_args(kernel_dtype(x1.dtype))}
     if spec.by_layer and all(n.inputs == (n.index - 1,) for n in graph.layers):
         owners = tuple(n.index for n in graph.layers if n.param_names)
         return (Task(("analytic_by_layer", graph.architecture, owners),

@@ -91,6 +91,14 @@ def _covariance(x: jax.Array, y: jax.Array, *, batch_pairs: bool, diagonal_spati
     return jnp.einsum(expr, x, y, precision=jax.lax.Precision.HIGHEST) / x.shape[1]
 
 
+def kernel_dtype(input_dtype) -> jnp.dtype:
+    """The dtype of the kernels of inputs of ``input_dtype``: the inputs' own for floats; for
+    token ids, the widest float JAX has enabled (float64 in x64 mode, else float32)."""
+    if jnp.issubdtype(input_dtype, jnp.floating):
+        return jnp.dtype(input_dtype)
+    return jax.dtypes.canonicalize_dtype(jnp.float64)
+
+
 def input_kernel(x1: jax.Array, x2: jax.Array | None, *, compute_ntk: bool,
                  diagonal_spatial: bool) -> Kernel:
     """The kernel of the raw inputs: ``x1 @ x2.T / C`` (per position for spatial inputs).
