@@ -70,16 +70,15 @@ def LayerNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | Non
         if per_token:  # each token of (N, T, d) on its own: variances (N, T)
             v1, v2 = v1 + eps, v2 + eps
             both = lambda va, vb, pairs: _token_pairs(va, vb, pairs, k.diagonal_spatial)
-            nngp = k.nngp * both(v1, v2, True)
-            cov = lambda c, v: c * both(v, v, False)
-            scaled = lambda a: a * both(v1, v2, True)
+            scaled = lambda a: a * both(v1, v2, True)  # a kernel of x1 and x2 examples
+            cov = lambda c, v: c * both(v, v, False)   # each example's with itself
         else:
             v1, v2 = (v.reshape(v.shape[0], -1).mean(1) + eps for v in (v1, v2))
             pad = (1,) * (k.nngp.ndim - 2)
             scale = lambda a, va, vb: a * jax.lax.rsqrt(va) * jax.lax.rsqrt(vb)
-            nngp = scale(k.nngp, v1.reshape(-1, 1, *pad), v2.reshape(1, -1, *pad))
-            cov = lambda c, v: scale(c, v.reshape(-1, *pad), v.reshape(-1, *pad))
             scaled = lambda a: scale(a, v1.reshape(-1, 1, *pad), v2.reshape(1, -1, *pad))
+            cov = lambda c, v: scale(c, v.reshape(-1, *pad), v.reshape(-1, *pad))
+        nngp = scaled(k.nngp)
         w2 = 1.0 if weight is None else weight ** 2
         b2 = 0.0 if bias is None else bias ** 2
         own = (0.0 if weight is None else nngp) + (0.0 if bias is None else 1.0)
