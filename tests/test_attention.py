@@ -6,12 +6,12 @@ reported error), the numerical expectation's error against its refinement, and m
 shorter sequences.
 """
 
-import math
 import os
 import subprocess
 import sys
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -182,6 +182,19 @@ def test_expectation_error_shrinks_with_refinement():
     kernels = [evaluate(net, x, None, ("nngp",))["nngp"] for net in (coarse, fine)]
     scale = float(jnp.abs(kernels[1]).max())
     assert float(jnp.abs(kernels[0] - kernels[1]).max()) / scale < 5 * error(coarse)
+
+
+def test_attention_programs_call_no_library_routines():
+    # XLA's CPU runtime runs independent library calls side by side, and a batched LAPACK call
+    # waits on its worker thread for work queued on the same threads: two of them deadlocked the
+    # kernel of 64 sequences. The program must be XLA's own operations only (the PSD factors of
+    # the logits' covariances included).
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 4, 8)))
+    stds = Stds(1.0, 1.0, 1.0, 1.0, None, None, None, None)
+    net = stax.serial(SelfAttention(8, 2, stds, rule=stax.Rule(16, 2)), stax.Relu(),
+                      SelfAttention(8, 2, stds, rule=stax.Rule(16, 2)))
+    text = jax.jit(lambda a: evaluate(net, a, None, ("nngp", "ntk"))).lower(x).compile().as_text()
+    assert "custom-call" not in text
 
 
 def test_causal_first_token_is_exact():

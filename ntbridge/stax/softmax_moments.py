@@ -62,16 +62,29 @@ def normal_points(rule: Rule, tokens: int) -> np.ndarray:
 
 
 def psd_factor(k: jax.Array) -> jax.Array:
-    """``L`` with ``L L^T ~ k`` for symmetric ``k`` ``(..., M, M)``, PSD up to the estimates'
-    errors (negative eigenvalues are clipped to 0). A diagonal ramp of ``1e-10`` (float64; ``1e-5``
-    in float32) of the largest diagonal entry separates the eigenvalues of singular ``k`` (an
-    example paired with itself), which keeps the factor's gradient finite; the logits' variance
-    moves by that fraction, far below the rule's error."""
+    """Lower-triangular ``L`` with ``L L^T ~ k`` for symmetric ``k`` ``(..., M, M)``, PSD up to
+    the estimates' errors: Cholesky's columns one at a time, a column whose pivot is not positive
+    left out (as a clipped negative eigenvalue would be). A diagonal ramp of ``1e-10`` (float64;
+    ``1e-5`` in float32) of the largest diagonal entry makes singular ``k`` (an example paired
+    with itself) definite, which keeps the pivots positive and the factor's gradient finite; the
+    logits' variance moves by that fraction, far below the rule's error.
+
+    Written in XLA's own operations, not LAPACK's: XLA's CPU runtime runs independent LAPACK
+    calls side by side, and each batched one waits on its worker thread for work it queued on the
+    same threads, so two of them can wait on each other forever."""
     m = k.shape[-1]
     scale = jnp.max(jnp.diagonal(k, axis1=-2, axis2=-1), -1)[..., None, None]
     jitter = (1e-10 if k.dtype == jnp.float64 else 1e-5) * jnp.linspace(1, 2, m, dtype=k.dtype)
-    values, vectors = jnp.linalg.eigh(k + scale * jnp.diag(jitter))
-    return vectors * jnp.sqrt(jnp.maximum(values, 0))[..., None, :]
+    rows = jnp.arange(m)
+
+    def column(rest, j):  # rest: what the columns before j leave of k
+        pivot = rest[..., j, j, None]
+        ok = pivot > 0
+        col = jnp.where(ok & (rows >= j), rest[..., j] / jnp.sqrt(jnp.where(ok, pivot, 1)), 0)
+        return rest - col[..., :, None] * col[..., None, :], col
+
+    _, cols = jax.lax.scan(column, k + scale * jnp.diag(jitter), rows)
+    return jnp.moveaxis(cols, 0, -1)
 
 
 def masked_softmax(logits: jax.Array, allowed: jax.Array | None) -> jax.Array:
