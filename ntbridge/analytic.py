@@ -65,6 +65,16 @@ def program_kind(network: Layer, a1: jax.ShapeDtypeStruct) -> str:
     return "vector" if len(a1.shape) == 2 else "diagonal"
 
 
+def _pair_bytes(network: Layer, a1: jax.ShapeDtypeStruct) -> int:
+    """The bytes of one example pair in the kernel of inputs like ``a1`` ``(N, ...)``, in the
+    layout ``network`` reads them: positions (or pairs of positions, ``full_spatial``) of images,
+    tokens of sequences and of token ids, in the kernels' dtype."""
+    one = jax.ShapeDtypeStruct((1, *a1.shape[1:]), a1.dtype)
+    k = jax.eval_shape(lambda a: inputs_kernel(network, a, None, False, not network.full_spatial),
+                       one)
+    return k.nngp.dtype.itemsize * math.prod(k.nngp.shape[2:])
+
+
 def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None,
          platform: str) -> tuple[Task, tuple[str, ...] | None]:
     """The kernels of ``spec`` on ``graph`` (a :class:`~ntbridge.Graph`) as a task for inputs like
@@ -81,8 +91,7 @@ def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStru
     get = spec.get
     fn = lambda args, a1, a2, covs=None: kernels(network, a1, a2, get, covs, args["hyper"])
     blocks = platform == "cpu" and network.pairwise
-    power = 2 if network.full_spatial else 1  # pairs of positions, or positions
-    pair_bytes = lambda a1: a1.dtype.itemsize * math.prod(a1.shape[2:]) ** power
+    pair_bytes = functools.partial(_pair_bytes, network)
     own = functools.partial(_own_covariances, network)
     return Task(("analytic", graph.architecture, get, blocks),
                 in_blocks(fn, pair_bytes, perm, own) if blocks else fn, perm, args,

@@ -13,6 +13,7 @@ from ntbridge import analytic, stax
 from ntbridge.errors import InputError
 from ntbridge.specs import Analytic
 from ntbridge.stax import covariances
+from ntbridge.stax.kernel import kernel_dtype
 from ntbridge.tiling import blocks
 
 
@@ -252,3 +253,20 @@ def test_blocks_are_as_equal_as_they_can_be():
             assert side <= size and count == -(-n // size)
             assert count * side - n < count
     assert blocks.balanced(512, 362) == 256
+
+
+def test_a_pairs_bytes_are_its_kernels_positions():
+    # blocks are sized by the kernel of the inputs in the layout the network reads: the positions
+    # (or pairs of positions) of channels-first images, the token pairs of sequences (N, T, d) and
+    # of token ids (N, T), in the kernels' dtype
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    network = lambda model: ntbridge.convert(model).network
+    flat = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(256, 3))
+    assert analytic._pair_bytes(network(flat), f32(5, 2, 8, 8)) == 4 * 64
+    assert analytic._pair_bytes(network(_cnn("GAP")), f32(5, 2, 8, 8)) == 4 * 64 ** 2
+    layer = lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
+    assert analytic._pair_bytes(network(layer()), f32(5, 6, 8)) == 4 * 36
+    ids = jax.ShapeDtypeStruct((5, 6), jnp.int32)
+    ids_kernel = kernel_dtype(ids.dtype).itemsize  # the widest float enabled
+    encoder = network(nn.Sequential(nn.Embedding(10, 8), layer()))
+    assert analytic._pair_bytes(encoder, ids) == ids_kernel * 36
