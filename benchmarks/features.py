@@ -6,8 +6,10 @@ regression on 200,000 examples as a linear model.
    ``ntbridge.kernel``, for F = 64 ... 4096 features (the CNN to 2048); the log-log slope (theory: -1/2), and a plot.
 2. Regression of a teacher network's outputs (16 inputs, noise 0.1) with the NNGP of a
    2-hidden-layer ReLU MLP: exact kernel regression (``predict.gp_inference``) against ridge
-   regression on F features, on 5,000 training examples where both run (same regularisation);
-   then the features on 200,000 training examples (time, peak memory, test error).
+   regression on F random features and on F Nyström features (``ntbridge.nystrom_features``, F
+   landmarks drawn from the training inputs), on 5,000 training examples where all run (the same
+   regularisation, relative to the kernel's mean diagonal as ``diag_reg`` is); then both kinds
+   of features on 200,000 training examples (time, peak memory, test error).
 
     python benchmarks/features.py [--quick] [--plot features.png]
 """
@@ -74,11 +76,24 @@ def _teacher(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def ridge(phi: torch.Tensor, y: torch.Tensor, phi_test: torch.Tensor) -> torch.Tensor:
-    """Predictions of ridge regression on features, ``phi_test (phi^T phi + REG I)^-1 phi^T y``
-    (= the GP mean with kernel ``phi phi^T`` and noise ``REG``), solved in float64."""
-    a = (phi.T @ phi).double() + REG * torch.eye(phi.shape[1], dtype=torch.float64)
-    w = torch.linalg.solve(a, (phi.T @ y).double())
-    return phi_test.double() @ w
+    """Predictions of ridge regression on features, ``phi_test (phi^T phi + s I)^-1 phi^T y``
+    (= the GP mean with kernel ``phi phi^T`` and noise ``s``), solved in float64, where ``s =
+    REG * mean(diag(phi phi^T))``: the noise ``gp_inference(..., diag_reg=REG)`` adds."""
+    phi, phi_test = phi.double(), phi_test.double()
+    shift = REG * (phi ** 2).sum(1).mean()
+    a = phi.T @ phi + shift * torch.eye(phi.shape[1], dtype=phi.dtype)
+    return phi_test @ torch.linalg.solve(a, phi.T @ y.double())
+
+
+def feature_maps(model: nn.Module, x: torch.Tensor, n_train: int, n_features: int):
+    """``(kind, phi, seconds)``: random, then Nyström features of ``x`` (its first ``n_train``
+    rows the training inputs, the landmarks drawn from them), one at a time."""
+    draw = torch.randperm(n_train, generator=torch.Generator().manual_seed(0))[:n_features]
+    for kind, make in (("random", lambda: ntbridge.features(model, x, n_features)),
+                       ("Nystrom", lambda: ntbridge.nystrom_features(model, x, x[draw]))):
+        start = time.perf_counter()
+        phi = make()
+        yield kind, phi, time.perf_counter() - start
 
 
 def test_error(pred: torch.Tensor, y: torch.Tensor) -> float:
@@ -92,21 +107,22 @@ def regression_rows(n_small: int, n_large: int, n_features: int) -> None:
     xs, ys = x[:n_small].double(), y[:n_small].double()
     k = ntbridge.nngp(model, torch.cat([xs, x_test.double()]), xs)
     exact = ntbridge.predict.gp_inference(k[:n_small], ys, k[n_small:], diag_reg=REG).mean
-    phi = ntbridge.features(model, torch.cat([xs, x_test.double()]), n_features)
-    small = ridge(phi[:n_small], ys, phi[n_small:])
-    e_exact, e_small = test_error(exact, y_test), test_error(small, y_test)
-    print(f"N = {n_small}: exact NNGP regression test error {e_exact:.4f} (relative MSE), "
-          f"{n_features} features {e_small:.4f} ({100 * (e_small / e_exact - 1):+.1f}%)", flush=True)
+    e_exact = test_error(exact, y_test)
+    print(f"N = {n_small}: exact NNGP regression test error {e_exact:.4f} (relative MSE)")
+    for kind, phi, _ in feature_maps(model, torch.cat([xs, x_test.double()]), n_small, n_features):
+        e = test_error(ridge(phi[:n_small], ys, phi[n_small:]), y_test)
+        print(f"N = {n_small}: {n_features} {kind} features {e:.4f} "
+              f"({100 * (e / e_exact - 1):+.1f}%)", flush=True)
 
-    start = time.perf_counter()
-    phi = ntbridge.features(model, torch.cat([x, x_test]), n_features)
-    made = time.perf_counter() - start
-    pred = ridge(phi[:n_large], y, phi[n_large:])
-    total = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
-    print(f"N = {n_large}: {n_features} float32 features in {made:.0f} s, regression done in "
-          f"{total:.0f} s (target < 300 s), peak memory {peak:.1f} GiB; test error "
-          f"{test_error(pred, y_test):.4f}", flush=True)
+    for kind, phi, made in feature_maps(model, torch.cat([x, x_test]), n_large, n_features):
+        start = time.perf_counter()
+        pred = ridge(phi[:n_large], y, phi[n_large:])
+        total = made + time.perf_counter() - start
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+        print(f"N = {n_large}: {n_features} float32 {kind} features in {made:.0f} s, regression "
+              f"done in {total:.0f} s (target < 300 s), peak memory so far {peak:.1f} GiB; test "
+              f"error {test_error(pred, y_test):.4f}", flush=True)
+        del phi, pred
 
 
 def plot(curves: dict, path: str) -> None:

@@ -19,7 +19,7 @@ LAYERS = [
     ("analytic", "empirical", "gradients"),
     ("pipeline",),
     ("api",),
-    ("dynamics", "predict", "gpytorch", "random_features"),
+    ("dynamics", "predict", "gpytorch", "random_features", "nystrom"),
     ("analysis", "files", "testing"),
     ("cli",),
     ("__init__",),
