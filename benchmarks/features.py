@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import resource
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -26,7 +28,8 @@ from torch import nn
 
 import ntbridge
 
-REG = 1e-2  # the noise variance of the regressions (kernel entries are O(1))
+REG = 1e-2  # the regressions' noise, relative to the kernel's mean diagonal (as diag_reg)
+KINDS = ("random", "Nystrom")
 
 
 def mlp(d: int, hidden: int) -> nn.Module:
@@ -79,50 +82,56 @@ def ridge(phi: torch.Tensor, y: torch.Tensor, phi_test: torch.Tensor) -> torch.T
     """Predictions of ridge regression on features, ``phi_test (phi^T phi + s I)^-1 phi^T y``
     (= the GP mean with kernel ``phi phi^T`` and noise ``s``), solved in float64, where ``s =
     REG * mean(diag(phi phi^T))``: the noise ``gp_inference(..., diag_reg=REG)`` adds."""
-    phi, phi_test = phi.double(), phi_test.double()
-    shift = REG * (phi ** 2).sum(1).mean()
-    a = phi.T @ phi + shift * torch.eye(phi.shape[1], dtype=phi.dtype)
-    return phi_test @ torch.linalg.solve(a, phi.T @ y.double())
-
-
-def feature_maps(model: nn.Module, x: torch.Tensor, n_train: int, n_features: int):
-    """``(kind, phi, seconds)``: random, then Nyström features of ``x`` (its first ``n_train``
-    rows the training inputs, the landmarks drawn from them), one at a time."""
-    draw = torch.randperm(n_train, generator=torch.Generator().manual_seed(0))[:n_features]
-    for kind, make in (("random", lambda: ntbridge.features(model, x, n_features)),
-                       ("Nystrom", lambda: ntbridge.nystrom_features(model, x, x[draw]))):
-        start = time.perf_counter()
-        phi = make()
-        yield kind, phi, time.perf_counter() - start
+    gram = (phi.T @ phi).double()
+    shift = REG * gram.trace() / len(phi)
+    a = gram + shift * torch.eye(len(gram), dtype=gram.dtype)
+    return phi_test.double() @ torch.linalg.solve(a, (phi.T @ y.to(phi.dtype)).double())
 
 
 def test_error(pred: torch.Tensor, y: torch.Tensor) -> float:
     return float(((pred - y) ** 2).mean() / y.var())
 
 
-def regression_rows(n_small: int, n_large: int, n_features: int) -> None:
-    model = mlp(16, 2)
-    x_test, y_test = _teacher(10_000, seed=1)
-    x, y = _teacher(n_large, seed=2)
-    xs, ys = x[:n_small].double(), y[:n_small].double()
-    k = ntbridge.nngp(model, torch.cat([xs, x_test.double()]), xs)
-    exact = ntbridge.predict.gp_inference(k[:n_small], ys, k[n_small:], diag_reg=REG).mean
-    e_exact = test_error(exact, y_test)
+def feature_map(kind: str, model: nn.Module, x: torch.Tensor, n_train: int,
+                n_features: int) -> torch.Tensor:
+    """``"random"`` or ``"Nystrom"`` features of ``x``, whose first ``n_train`` rows are the
+    training inputs (the landmarks are drawn from them)."""
+    if kind == "random":
+        return ntbridge.features(model, x, n_features)
+    draw = torch.randperm(n_train, generator=torch.Generator().manual_seed(0))[:n_features]
+    return ntbridge.nystrom_features(model, x, x[draw])
+
+
+def regression_rows(n_small: int, n_features: int) -> None:
+    """Exact NNGP regression against ridge regression on both kinds of features."""
+    model, (x_test, y_test) = mlp(16, 2), _teacher(10_000, seed=1)
+    x, y = _teacher(n_small, seed=2)
+    x, y, x_all = x.double(), y.double(), torch.cat([x.double(), x_test.double()])
+    k = ntbridge.nngp(model, x_all, x)
+    e_exact = test_error(ntbridge.predict.gp_inference(k[:n_small], y, k[n_small:],
+                                                       diag_reg=REG).mean, y_test)
     print(f"N = {n_small}: exact NNGP regression test error {e_exact:.4f} (relative MSE)")
-    for kind, phi, _ in feature_maps(model, torch.cat([xs, x_test.double()]), n_small, n_features):
-        e = test_error(ridge(phi[:n_small], ys, phi[n_small:]), y_test)
+    for kind in KINDS:
+        phi = feature_map(kind, model, x_all, n_small, n_features)
+        e = test_error(ridge(phi[:n_small], y, phi[n_small:]), y_test)
         print(f"N = {n_small}: {n_features} {kind} features {e:.4f} "
               f"({100 * (e / e_exact - 1):+.1f}%)", flush=True)
 
-    for kind, phi, made in feature_maps(model, torch.cat([x, x_test]), n_large, n_features):
-        start = time.perf_counter()
-        pred = ridge(phi[:n_large], y, phi[n_large:])
-        total = made + time.perf_counter() - start
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
-        print(f"N = {n_large}: {n_features} float32 {kind} features in {made:.0f} s, regression "
-              f"done in {total:.0f} s (target < 300 s), peak memory so far {peak:.1f} GiB; test "
-              f"error {test_error(pred, y_test):.4f}", flush=True)
-        del phi, pred
+
+def large_row(kind: str, n_large: int, n_features: int) -> None:
+    """Ridge regression on ``n_large`` examples' float32 features of ``kind``: time, peak memory
+    of the process (run one kind per process to read its own) and test error."""
+    model, (x_test, y_test) = mlp(16, 2), _teacher(10_000, seed=1)
+    x, y = _teacher(n_large, seed=2)
+    start = time.perf_counter()
+    phi = feature_map(kind, model, torch.cat([x, x_test]), n_large, n_features)
+    made = time.perf_counter() - start
+    pred = ridge(phi[:n_large], y, phi[n_large:])
+    total = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    print(f"N = {n_large}: {n_features} float32 {kind} features in {made:.0f} s, regression done "
+          f"in {total:.0f} s (target < 300 s), peak memory {peak:.1f} GiB; test error "
+          f"{test_error(pred, y_test):.4f}", flush=True)
 
 
 def plot(curves: dict, path: str) -> None:
@@ -146,16 +155,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--plot", help="write the error-vs-features plot to this PNG")
+    parser.add_argument("--large", nargs=3, metavar=("KIND", "N", "F"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.large:
+        return large_row(args.large[0], int(args.large[1]), int(args.large[2]))
     full = [64, 128, 256, 512, 1024, 2048, 4096]
     sizes = {"mlp": [64, 256], "cnn": [64, 256]} if args.quick else {"mlp": full, "cnn": full[:-1]}
     curves = error_rows(sizes, 2 if args.quick else 3)
     if args.plot:
         plot(curves, args.plot)
-    if args.quick:
-        regression_rows(500, 5_000, 256)
-    else:
-        regression_rows(5_000, 200_000, 2048)
+    n_small, n_large, n_features = (500, 5_000, 256) if args.quick else (5_000, 200_000, 2048)
+    regression_rows(n_small, n_features)
+    for kind in KINDS:  # one process each, so that each peak memory is its own
+        subprocess.run([sys.executable, __file__, "--large", kind, str(n_large), str(n_features)],
+                       check=True)
 
 
 if __name__ == "__main__":
