@@ -158,6 +158,7 @@ def test_not_converging_raises_with_the_residual(data):
                              tol=1e-12, max_iter=3, preconditioner_rank=0)
     assert caught.value.residual > 1e-12 and caught.value.iterations == 3
     assert "diag_reg" in str(caught.value) and "solver='cholesky'" in str(caught.value)
+    assert "solver='eigh'" in str(caught.value)  # the ensemble's dense solver, named too
     with pytest.raises(errors.ConvergenceError, match="Lanczos"):
         predict.gradient_descent_mse_ensemble(ntk[:N, :N], y, ntk[N:, :N], 1e6, solver="cg",
                                               tol=1e-10, max_iter=10, diag_reg=1e-6,

@@ -213,4 +213,5 @@ def not_converged(residual: torch.Tensor, tol: float, iterations: int, max_iter:
         f"conjugate gradients did not converge: {why} (worst of {residual.numel()} columns). "
         f"Raise max_iter or the preconditioner's rank, raise diag_reg (the kernel's condition "
         f"number sets the iterations), compute the kernel in float64, or use the dense solver "
-        f"(solver='cholesky').", residual=worst, iterations=iterations)
+        f"(gp_inference's solver='cholesky', the ensemble's solver='eigh').", residual=worst,
+        iterations=iterations)
