@@ -8,7 +8,10 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
   (median of 5 calls after the first), on the same inputs;
 * ``width sweep``: ``ntbridge.analysis.width_sweep`` of a 2-layer encoder (Embedding + positions,
   mean pooling, Linear) whose heads grow as ``sqrt(width)``: the NTK's relative error per width
-  and its fitted slope (the finite-width rate is ``width**-1/2``);
+  and its fitted slope. Expected: ``-1/4``. A head's channels share its softmax weights, so a
+  finite network's kernel averages their products over ``heads = sqrt(width)`` independent
+  draws, which converges as ``heads**-1/2 = width**-1/4`` (the channel averages of values and
+  MLPs converge as ``width**-1/2``, the logits' departure from Gaussian as ``1 / d_head``);
 * ``text classifier``: Embedding(1000, 64) + learned positions, 2 encoder layers of 4 heads, mean
   pooling, Linear, on N = 64 sequences of 16 tokens, float32: the analytic NNGP + NTK of torch's
   attention (public ``ntbridge.kernel``, first call and steady call) and the reported relative
