@@ -33,7 +33,7 @@ def _projection(k_ll: torch.Tensor, rcond: float) -> torch.Tensor:
 
 def nystrom_features(model: nn.Module, x: torch.Tensor, landmarks: torch.Tensor, *,
                      get: str | Sequence[str] = "nngp", rcond: float = 1e-10,
-                     chunk_size: int = 8192, **kernel_options):
+                     chunk_size: int = 8192, **kernel_options) -> torch.Tensor | Kernels:
     """Nyström features ``phi (N, M)`` of ``model``'s analytic kernels on the landmarks:
     ``phi(x) @ phi(y).T = K(x, L) K(L, L)^+ K(L, y)`` (module doc).
 
