@@ -122,17 +122,16 @@ def gradient_descent_mse_ensemble(ntk_train_train: torch.Tensor, y_train: torch.
     when, shape = times("t", t)
     how = iterative.settings(solver, "eigh", ntk_train_train.dtype, tol, max_iter,
                              preconditioner_rank)
-    nngp = (nngp_train_train, nngp_test_train, nngp_test_test)
     if nngp_test_test is not None and (nngp_train_train is None or nngp_test_train is None):
         raise InputError("the covariance needs nngp_train_train, nngp_test_train and "
                          "nngp_test_test.")
+    nngp = None if nngp_test_test is None else (nngp_train_train, nngp_test_train, nngp_test_test)
     if how is not None:
         finite("y_train", y)
         mean, cov = iterative.ensemble(ntk_train_train, y, ntk_test_train, when, lr, diag_reg,
-                                       nngp if nngp_test_test is not None else None, how)
+                                       nngp, how)
     else:
-        mean, cov = dense_ensemble(ntk_train_train, y, ntk_test_train, when, lr, diag_reg,
-                                   nngp if nngp_test_test is not None else None)
+        mean, cov = dense_ensemble(ntk_train_train, y, ntk_test_train, when, lr, diag_reg, nngp)
     return Prediction(mean.reshape(*shape, *mean.shape[1:]),
                       None if cov is None else cov.reshape(*shape, *cov.shape[1:]))
 

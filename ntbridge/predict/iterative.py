@@ -29,7 +29,7 @@ from .operator import matmul_rows
 
 class Settings(NamedTuple):
     """The iterative solvers' stopping rule: relative ``tol``, ``max_iter`` steps, and the rank of
-    the conjugate gradients' preconditioner."""
+    the conjugate gradients' preconditioner (:func:`.cg.solve`'s keyword arguments)."""
 
     tol: float
     max_iter: int
@@ -68,8 +68,8 @@ def gp_inference(k_train_train: torch.Tensor, y: torch.Tensor, k_test_train: tor
                  how: Settings) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The posterior mean ``(m, c)`` and covariance ``(m, m)`` (or None) by conjugate gradients."""
     rhs = columns(y, k_test_train, k_test_test is not None)
-    x, _ = cg.solve(k_train_train, rhs, shift=float(diagonal_shift(k_train_train, diag_reg)), tol=how.tol,
-                    max_iter=how.max_iter, preconditioner_rank=how.preconditioner_rank)
+    x, _ = cg.solve(k_train_train, rhs, shift=float(diagonal_shift(k_train_train, diag_reg)),
+                    **how._asdict())
     dtype, c = k_train_train.dtype, y.shape[1]
     mean = matmul_rows(k_test_train, x[:, :c]).to(dtype)
     if k_test_test is None:
@@ -87,8 +87,7 @@ def transients(k: torch.Tensor, rhs: torch.Tensor, when: torch.Tensor, lr: float
     when = when.to(k.device)
     infinite, finite = torch.isinf(when), (when > 0) & torch.isfinite(when)
     if bool(infinite.any()):
-        x, _ = cg.solve(k, rhs, shift=s, tol=how.tol, max_iter=how.max_iter,
-                        preconditioner_rank=how.preconditioner_rank)
+        x, _ = cg.solve(k, rhs, shift=s, **how._asdict())
         out[infinite] = x
     if bool(finite.any()):
         fx, _ = lanczos.flow_solve(k, rhs, lr, when[finite], shift=s, tol=how.tol,
