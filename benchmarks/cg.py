@@ -15,7 +15,6 @@ past the memory of a dense solve.
 import argparse
 import math
 import os
-import resource
 import tempfile
 import threading
 import time

@@ -87,6 +87,7 @@ class Case:
     nt: str
     shape: tuple[int, ...]
     graph: np.ndarray | None = None  # an adjacency: the model's buffer, NT's pattern
+    graphs: bool = False  # each example's own adjacency, given to forward(x, adjacency)
     scale: float = 1.0  # of the inputs (exp of exp grows fast)
 
 
@@ -137,6 +138,19 @@ class Graph(nn.Module):
     def forward(self, x):
         h = torch.relu(self.n1(x)) @ self.adjacency
         h = torch.relu(self.n2(h)) @ self.adjacency
+        return self.head(h.mean(-1))
+
+
+class PerExampleGraph(nn.Module):
+    """:class:`Graph` with each example's own adjacency: ``forward(x (N, 3, V), adjacency (N, V, V))``."""
+
+    def __init__(self):
+        super().__init__()
+        self.n1, self.n2, self.head = nn.Conv1d(3, 8, 1), nn.Conv1d(8, 8, 1), nn.Linear(8, 1)
+
+    def forward(self, x, adjacency):
+        h = torch.relu(self.n1(x)) @ adjacency
+        h = torch.relu(self.n2(h)) @ adjacency
         return self.head(h.mean(-1))
 
 
@@ -265,6 +279,10 @@ def linear_map_cases() -> list[Case]:
              lambda: Graph(_adjacency(7)),
              "serial(C(8, (1,)), Relu(), Aggregate(), C(8, (1,)), Relu(), Aggregate(), "
              "GlobalAvgPool(), D(1))", (3, 7), graph=_adjacency(7)),
+        Case("Aggregate h @ adjacency, each example's own graph",
+             PerExampleGraph,
+             "serial(C(8, (1,)), Relu(), Aggregate(), C(8, (1,)), Relu(), Aggregate(), "
+             "GlobalAvgPool(), D(1))", (3, 7), graphs=True),
     ]
 
 
@@ -319,13 +337,21 @@ def channels_last(x: np.ndarray) -> np.ndarray:
     return np.moveaxis(x, 1, -1) if x.ndim > 2 else x
 
 
-def ours(case: Case, x1: np.ndarray, x2: np.ndarray) -> dict[str, np.ndarray]:
-    """ntbridge's kernels of the case's torch model by ``parameterization/kind``."""
+def _graphs(n: int, v: int, rng: np.random.Generator) -> np.ndarray:
+    """``(n, v, v)``: random graphs with self-loops, each column divided by its sum."""
+    a = (rng.random((n, v, v)) < 0.3) + np.eye(v)
+    return a / a.sum(1, keepdims=True)
+
+
+def ours(case: Case, x1, x2) -> dict[str, np.ndarray]:
+    """ntbridge's kernels of the case's torch model by ``parameterization/kind`` (inputs: arrays,
+    or pairs of arrays ``(x, adjacency)``)."""
     torch.manual_seed(0)
     model = case.torch().double().eval()
+    tensors = lambda x: tuple(map(torch.from_numpy, x)) if isinstance(x, tuple) else torch.from_numpy(x)
     out = {}
     for p in ("ntk", "standard"):
-        k = ntbridge.kernel(model, torch.from_numpy(x1), torch.from_numpy(x2),
+        k = ntbridge.kernel(model, tensors(x1), tensors(x2),
                             parameterization=p, W_std=_stds(model), b_std=B_STD)
         out[f"{p}/nngp"], out[f"{p}/ntk"] = k.nngp.numpy(), k.ntk.numpy()
     return out
@@ -364,6 +390,10 @@ def main() -> None:
         if c.graph is not None:
             inputs[c.name + "/pattern1"] = np.broadcast_to(c.graph, (N1, *c.graph.shape))
             inputs[c.name + "/pattern2"] = np.broadcast_to(c.graph, (N2, *c.graph.shape))
+        if c.graphs:
+            p1, p2 = (_graphs(n, c.shape[-1], rng) for n in (N1, N2))
+            inputs[c.name + "/pattern1"], inputs[c.name + "/pattern2"] = p1, p2
+            data[c.name] = (x1, p1), (x2, p2)
     nt, errors = theirs(args.nt_python, selected, inputs)
     print(f"{'layer':<58} {'ntk param: NNGP':>16} {'NTK':>9} {'standard: NNGP':>16} {'NTK':>9}")
     for c in selected:

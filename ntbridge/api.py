@@ -45,8 +45,10 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
 
     Args:
       model: an ``nn.Sequential`` of supported modules (see ``ntbridge.convert``).
-      x1: ``(N1, *input_shape)`` floating tensor.
-      x2: ``(N2, *input_shape)``, or None for x2 = x1 (the result is then exactly symmetric).
+      x1: ``(N1, *input_shape)`` floating tensor; for a graph model of ``forward(x, adjacency)``,
+        a pair ``(x (N1, C, V), adjacency (N1, V, V))``.
+      x2: ``(N2, *input_shape)`` (a pair likewise), or None for x2 = x1 (the result is then
+        exactly symmetric).
       get: ``"nngp"``, ``"ntk"`` (returns a tensor) or a sequence of them (returns a named tuple
         ``Kernels(nngp, ntk)``, entries not asked for being None).
       parameterization, init, W_std, b_std, attention: see ``ntbridge.convert`` (attention:

@@ -8,7 +8,9 @@ what to compute, and calls :func:`run`:
    precision, convert the model to a :class:`~ntbridge.Graph` and check that the inputs fit it; an
    empirical spec takes the translated ``torch.export`` graph of a model the layer registry does
    not cover (:mod:`ntbridge.converters.translated`); integer inputs (token ids) go to empirical
-   kernels, and to analytic ones of models reading them with an ``nn.Embedding``;
+   kernels, and to analytic ones of models reading them with an ``nn.Embedding``; a graph model's
+   inputs, pairs ``(x, adjacency)``, are packed into one tensor
+   (:func:`ntbridge.converters.graph_ops.pack`) that the converted model reads;
 2. :func:`execute`: the builder of the spec's type (:data:`BUILDERS`: :mod:`ntbridge.analytic`,
    :mod:`ntbridge.empirical`) makes the :class:`~ntbridge.tiling.Task`; :func:`ntbridge.tiling.compute`
    plans its tiles from XLA's memory analysis of the one program it compiles (or finds in
@@ -32,6 +34,7 @@ from torch import nn
 from . import analytic, gradients
 from .converters import Graph, convert
 from .converters.attention import check_ids
+from .converters.graph_ops import pack
 from .converters.translated import TranslatedGraph, empirical_graph
 from .devices import platform_of
 from .dlpack import abstract, all_finite, check_device, kernel_dtype, model_dtype, precision
@@ -52,7 +55,8 @@ class Request:
 
     Attributes:
       model: the torch model.
-      x1, x2: ``(N1, ...)`` and ``(N2, ...)`` inputs (x2 None for x2 = x1), as the user gave them.
+      x1, x2: ``(N1, ...)`` and ``(N2, ...)`` inputs (x2 None for x2 = x1), as the user gave them;
+        for a model of ``forward(x, adjacency)``, pairs of tensors ``(x, adjacency)``.
       spec: what to compute (:mod:`ntbridge.specs`); an empirical one (forward passes only)
         translates models without a converter and accepts integer inputs (see the module doc).
       batching: tiles, devices, storage (see :class:`~ntbridge.tiling.Batching`).
@@ -61,8 +65,8 @@ class Request:
     """
 
     model: nn.Module
-    x1: torch.Tensor
-    x2: torch.Tensor | None
+    x1: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+    x2: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
     spec: Spec
     batching: Batching = Batching()
     conversion: dict = dataclasses.field(default_factory=dict)
@@ -135,9 +139,11 @@ def validate(x1: torch.Tensor, x2: torch.Tensor | None,
     return x1.detach().to(dtype), x2
 
 
-def model_graph(request: Request, x1: torch.Tensor) -> Graph | TranslatedGraph:
-    """The converted model (empirical requests: converted or translated, see the module doc)."""
-    if request.spec.empirical:
+def model_graph(request: Request, x1: torch.Tensor,
+                graph_inputs: bool = False) -> Graph | TranslatedGraph:
+    """The converted model (empirical requests: converted or translated, see the module doc; with
+    ``graph_inputs``, converted)."""
+    if request.spec.empirical and not graph_inputs:
         return empirical_graph(request.model, x1, request.conversion, request.weights)
     return convert(request.model if request.weights is None else request.weights,
                    **request.conversion)
@@ -159,11 +165,34 @@ def _precision(request: Request, x1: torch.Tensor):
     return precision(x1.dtype if x1.is_floating_point() else model_dtype(request.model))
 
 
+def _packed(request: Request) -> tuple[Request, bool]:
+    """The request with graph inputs packed (module doc), and whether they were."""
+    pairs = isinstance(request.x1, (tuple, list))
+    if not pairs and not isinstance(request.x2, (tuple, list)):
+        return request, False
+    packed = [None if x is None else pack(x, name) for name, x in (("x1", request.x1),
+                                                                    ("x2", request.x2))]
+    return dataclasses.replace(request, x1=packed[0], x2=packed[1]), True
+
+
+def check_graph_inputs(graph: Graph | TranslatedGraph, pairs: bool) -> None:
+    """InputError unless inputs are pairs ``(x, adjacency)`` exactly when the model takes them."""
+    takes = isinstance(graph, Graph) and graph.graph_inputs
+    if takes and not pairs:
+        raise InputError("the model's forward takes node features and each example's graph, "
+                         "forward(x, adjacency): pass x1=(x, adjacency) (and x2 likewise).")
+    if pairs and not takes:
+        raise InputError("x1 is a pair (x, adjacency), but the model's forward takes one tensor; "
+                         "pairs are for graph models of forward(x, adjacency).")
+
+
 def prepare(request: Request) -> Prepared:
     """The request's inputs validated and its model converted (steps 1 of the module doc)."""
+    request, pairs = _packed(request)
     x1, x2 = validate(request.x1, request.x2, indices=True)
     with _precision(request, x1):
-        graph = model_graph(request, x1)
+        graph = model_graph(request, x1, pairs)
+        check_graph_inputs(graph, pairs)
         check_fits(graph, x1, x2)
         if not x1.is_floating_point():
             check_ids(graph, x1, x2, request.spec.empirical)

@@ -39,7 +39,8 @@ def init_stds(model: nn.Module) -> dict[str, float]:
 
 def sample_kernels(model: nn.Module, x: torch.Tensor, samples: int, parameterization="standard",
                    chunk=10, ntk_outputs=4, seed=1234):
-    """Per-sample kernels ``(nngp, ntk)``, each ``(samples, N, N)``.
+    """Per-sample kernels ``(nngp, ntk)``, each ``(samples, N, N)``, of inputs ``x`` (a graph
+    model's: a pair ``(x, adjacency)``).
 
     NNGP: ``f(x) f(x)^T`` averaged over all output units (``f`` flattened per example); NTK: the
     empirical NTK averaged over the first ``ntk_outputs`` output units (as good a sample, cheaper).
@@ -49,16 +50,17 @@ def sample_kernels(model: nn.Module, x: torch.Tensor, samples: int, parameteriza
     stds = init_stds(model)
     fixed = {k: v.detach() for k, v in model.named_parameters() if k not in stds}
     scale = {k: (s ** 2 if parameterization == "ntk" else 1.0) for k, s in stds.items()}
-    forward = lambda p, xx: functional_call(model, {**fixed, **p}, (xx,)).flatten(1)
+    inputs = x if isinstance(x, tuple) else (x,)  # a graph model's (x, adjacency), or x
+    forward = lambda p, xs: functional_call(model, {**fixed, **p}, xs).flatten(1)
     nngps, ntks = [], []
     for _ in range(math.ceil(samples / chunk)):
         params = {k: s * torch.randn(chunk, *model.get_parameter(k).shape, generator=gen,
-                                     dtype=x.dtype) for k, s in stds.items()}
+                                     dtype=inputs[0].dtype) for k, s in stds.items()}
 
         def one(p):
-            f = forward(p, x)
-            single = lambda pp, xi: forward(pp, xi[None])[0, :ntk_outputs]
-            jac = vmap(jacrev(single), in_dims=(None, 0))({**fixed, **p}, x)
+            f = forward(p, inputs)
+            single = lambda pp, *xi: forward(pp, tuple(a[None] for a in xi))[0, :ntk_outputs]
+            jac = vmap(jacrev(single), in_dims=(None, *[0] * len(inputs)))({**fixed, **p}, *inputs)
             ntk = sum(scale.get(k, 1.0) * torch.einsum("nop,mop->nm", j.flatten(2), j.flatten(2))
                       for k, j in jac.items())
             return f @ f.T / f.shape[1], ntk / min(ntk_outputs, f.shape[1])

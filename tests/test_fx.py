@@ -329,7 +329,8 @@ def test_untraceable_models_and_forms_fx_cannot_convert():
         def forward(self, x, y):
             return x + y
 
-    with pytest.raises(errors.ConversionError, match="takes several inputs"):
+    with pytest.raises(errors.ConversionError, match=r"computes with forward's second input 'y'\. "
+                                                     r"ntbridge models take one tensor"):
         ntbridge.convert(TwoInputs())
 
     class RawParameter(nn.Module):

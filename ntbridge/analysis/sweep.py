@@ -74,7 +74,7 @@ def _readout_nngp(model: nn.Module, graph: Graph, x1: torch.Tensor,
     try:
         with torch.no_grad():
             for x in (x1, x2 if x2 is not None else x1):
-                model(x)
+                model(*x) if isinstance(x, (tuple, list)) else model(x)  # graph inputs: pairs
     finally:
         hook.remove()
     h1, h2 = (h.reshape(h.shape[0], -1).double() for h in features)
@@ -112,7 +112,8 @@ def width_sweep(build: Callable[[int], nn.Module], widths: Sequence[int], x1: to
       build: ``build(width) -> nn.Module``, a model with torch's default init whose output is a
         final ``nn.Linear`` (called once per width and seed, under ``torch.manual_seed``).
       widths: the widths to try (at least two distinct ones for a slope).
-      x1: ``(N1, *input_shape)``; x2: ``(N2, ...)`` or None for x2 = x1.
+      x1: ``(N1, *input_shape)``; x2: ``(N2, ...)`` or None for x2 = x1 (graph models of
+        ``forward(x, adjacency)``: pairs ``(x, adjacency)``, as for ``ntbridge.kernel``).
       n_seeds: models per width (>= 2 for a spread).
       parameterization: ``"standard"`` (torch's own; the analytic NTK uses the actual widths) or
         ``"ntk"`` (each module's empirical contribution rescaled to the NTK parameterization, whose
@@ -144,7 +145,8 @@ def width_sweep(build: Callable[[int], nn.Module], widths: Sequence[int], x1: to
         for i, width in enumerate(widths):
             for s in range(n_seeds):
                 model = seeded_model(build, width, sample_seed(seed, width, s))
-                model = model.to(x1.dtype) if x1.is_floating_point() else model
+                x = x1[0] if isinstance(x1, (tuple, list)) else x1
+                model = model.to(x.dtype) if x.is_floating_point() else model
                 if s == 0:
                     nngp, ntk, layers, graph = _analytic(model, x1, x2, parameterization)
                     factors = (_ntk_parameterization_factors(graph) if parameterization == "ntk"

@@ -5,7 +5,10 @@ Chains of elementwise functions without a module (``torch.exp(-h ** 2)``) become
 :class:`~.elementwise.Elementwise` module. Other functional calls become the equivalent module
 instance (:mod:`.equivalents`), so that each module type has one converter (values computed from
 the model's buffers alone, ``self.adjacency.T``, are computed once here). Attention calls and
-learned positions are :mod:`.calls`', time-major stretches :mod:`.layout`'s.
+learned positions are :mod:`.calls`', time-major stretches :mod:`.layout`'s. A ``forward(x,
+adjacency)`` of node features and each example's graph is :mod:`.graph_ops`': ``x`` becomes a
+:class:`~.graph_ops.GraphFeatures` node and each ``h @ adjacency.mT`` an aggregation fed by ``h``
+and the model's (packed) input.
 
 The kernel of a sum (of a concatenation along positions) is exact only when the branches are
 uncorrelated, that of a product when the factors are independent; :mod:`.independence` works out
@@ -28,6 +31,7 @@ from .combinators import Add, Concat
 from .elementwise import Elementwise, step_of
 from .equivalents import equivalent, is_shape
 from .graph import Node, make_node
+from .graph_ops import GraphFeatures, adjacency_view, input_aggregation
 from .independence import correlated, dependent
 from .indexing import Stack
 from .layout import batch_first_form, swapped
@@ -52,11 +56,22 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     attrs: dict[fx.Node, torch.Tensor] = {}  # get_attr nodes: the model's tensors
     paddings: dict[fx.Node, PaddingIds] = {}  # input ids == pad: key padding masks
     time_major: set[fx.Node] = set()  # sequences (T, N, d), computed batch-first (.layout)
+    adjacencies: dict[fx.Node, bool] = {}  # forward(x, adjacency): it, transposed or not
     params, attention_calls = dict(model.named_parameters()), set()
-    for node in trace(model).nodes:
+    graph = trace(model)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) > 2:
+        raise ConversionError(f"{type(model).__name__}.forward takes {len(placeholders)} inputs; "
+                              f"ntbridge models take one tensor, forward(x), or node features and "
+                              f"each example's graph, forward(x, adjacency).")
+    for node in graph.nodes:
         if (value := constant(model, node, constants)) is not None:
             constants[node] = value
             continue
+        if (view := adjacency_view(node, adjacencies)) is not None:
+            adjacencies[node] = view
+            continue
+        aggregation = input_aggregation(node, adjacencies)  # other uses of it are refused
         if (value := padding_ids(node)) is not None:  # for attention calls only
             paddings[node] = value
             continue
@@ -71,11 +86,21 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
                 nodes.append(make_node(len(nodes), a.name, Elementwise(steps),
                                        (_source(source, index, describe(a)),), options,
                                        describe(a)))
-        if node.op == "placeholder":
-            if index:
-                raise ConversionError(f"{type(model).__name__}.forward takes several inputs; "
-                                      f"ntbridge models take one tensor, forward(x).")
+        if node.op == "placeholder" and len(placeholders) == 2:  # graph inputs (.graph_ops)
+            if node is placeholders[1]:
+                adjacencies[node] = False
+                continue
+            index[node] = len(nodes)
+            nodes.append(make_node(len(nodes), "x", GraphFeatures(), (INPUT,), options,
+                                   f"the node features x of {type(model).__name__}.forward"))
+        elif node.op == "placeholder":
             index[node] = INPUT
+        elif aggregation is not None:
+            module, h = aggregation
+            where = describe(node)
+            index[node] = len(nodes)
+            nodes.append(make_node(len(nodes), node.name, module,
+                                   (_source(h, index, where), INPUT), options, where))
         elif node.op == "get_attr":
             tensors = params if node.target in params else dict(model.named_buffers())
             attrs[node] = tensors[node.target]

@@ -19,6 +19,7 @@ from ..stax import INPUT, Layer, dag
 from ..stax.covariances import evaluate
 from ..stax.kernel import swap_perm
 from ..tiling.arrays import symmetrize
+from .graph_ops import GraphFeatures
 from .registry import Context, Options, as_float, find_converter, init_mismatch, supported_types
 
 Params = dict[str, jax.Array]
@@ -205,6 +206,12 @@ class Graph:
         """The torch tensors among :attr:`hyper`, keyed by ``(layer index, name)``."""
         return {(i, name): v for i, values in enumerate(self.hyper) if isinstance(values, dict)
                 for name, v in values.items() if isinstance(v, torch.Tensor)}
+
+    @property
+    def graph_inputs(self) -> bool:
+        """Whether ``forward`` takes node features and each example's graph, ``(x, adjacency)``:
+        the network then reads them packed into one array (:func:`~.graph_ops.pack`)."""
+        return any(isinstance(n.module, GraphFeatures) for n in self.layers)
 
     @property
     def parameter_names(self) -> frozenset[str]:

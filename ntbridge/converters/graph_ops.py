@@ -1,12 +1,16 @@
-"""Graph aggregation in a traced ``forward``: ``h @ M`` (``torch.matmul``, ``Tensor.matmul``) with a
-constant matrix ``M`` (a buffer or attribute of the model, dense or ``torch.sparse``, possibly
-transposed: ``h @ self.adjacency.T``), ``h`` of shape ``(N, C, *S, V)`` with the graph's ``V``
-nodes along its last axis (channels first: a per-node Linear is ``nn.Conv1d(C, C', 1)``).
+"""Graph aggregation in a traced ``forward``: ``h @ M`` (``torch.matmul``, ``Tensor.matmul``,
+``torch.bmm``) with ``h`` of shape ``(N, C, *S, V)``, the graph's ``V`` nodes along its last axis
+(channels first: a per-node Linear is ``nn.Conv1d(C, C', 1)``). The output node ``u`` is
+``sum_v M[v, u] h[..., v]``: NT's ``Aggregate`` with the adjacency ``A = M^T``, exact.
 
-The output node ``u`` is ``sum_v M[v, u] h[..., v]``: NT's ``Aggregate`` with the adjacency
-``A = M^T`` (``stax.Aggregate``: ``K' = A K A^T``, exact). The adjacency is part of the model,
-the same for every example (node signals on one graph); ntbridge models take one input tensor, so
-a per-example adjacency passed to ``forward`` is refused.
+* ``M`` a constant matrix of the model (a buffer or attribute, dense or ``torch.sparse``, possibly
+  transposed: ``h @ self.adjacency.T``): one graph for every example (``stax.Aggregate``).
+* ``M`` each example's own graph, given to ``forward(x, adjacency)`` with ``x`` ``(N, C, V)`` and
+  ``adjacency`` ``(N, V, V)`` (``h @ adjacency.transpose(1, 2)``, ``.mT``, or ``h @ adjacency``):
+  :class:`GraphFeatures` stands for ``x`` and :class:`InputAggregate` for the products
+  (``stax.InputAggregate``); the kernels take the inputs as a pair, ``ntbridge.ntk(model,
+  (x1, adjacency1), (x2, adjacency2))``, packed into one tensor by :func:`pack`. The adjacency
+  enters only through such products (normalise it before passing it).
 
 Example:
     >>> class GCN(nn.Module):
@@ -28,7 +32,8 @@ import torch
 from torch import fx, nn
 
 from .. import stax
-from ..errors import UnsupportedLayerError
+from ..errors import ConversionError, InputError, ShapeError, UnsupportedLayerError
+from ..stax.graph import unpacked
 from .registry import Context, register
 
 
@@ -54,13 +59,114 @@ def _aggregate(module: Aggregate, ctx: Context) -> stax.Layer:
     return stax.Aggregate(module.matrix, name="graph aggregation")
 
 
+class GraphFeatures(nn.Module):
+    """``x`` of ``forward(x, adjacency)``: the node features ``(N, C, V)`` of the packed graph
+    inputs ``(N, V + C, V)`` (:func:`pack`)."""
+
+    def forward(self, packed: torch.Tensor) -> torch.Tensor:
+        return unpacked(packed)[1]
+
+
+class InputAggregate(nn.Module):
+    """``h @ adjacency.transpose(1, 2)`` with each example's adjacency from the packed graph
+    inputs (``transposed``: ``h @ adjacency``)."""
+
+    def __init__(self, transposed: bool = False):
+        super().__init__()
+        self.transposed = transposed
+
+    def forward(self, h: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        a = unpacked(packed)[0]
+        return h @ (a if self.transposed else a.transpose(1, 2))
+
+    def extra_repr(self) -> str:
+        return f"transposed={self.transposed}"
+
+
+@register(GraphFeatures)
+def _graph_features(module: GraphFeatures, ctx: Context) -> stax.Layer:
+    return stax.GraphFeatures()
+
+
+@register(InputAggregate)
+def _input_aggregate(module: InputAggregate, ctx: Context) -> stax.Layer:
+    return stax.InputAggregate(module.transposed, name="graph aggregation")
+
+
+def pack(inputs, name: str) -> torch.Tensor:
+    """A graph model's inputs ``(x (N, C, V), adjacency (N, V, V))`` as one tensor ``(N, V + C, V)``
+    (adjacency first, in x's dtype; a sparse adjacency made dense), differentiable in both.
+
+    Example:
+        >>> pack((torch.randn(8, 3, 5), torch.eye(5).expand(8, 5, 5)), "x1").shape
+        torch.Size([8, 8, 5])
+    """
+    if not (isinstance(inputs, (tuple, list)) and len(inputs) == 2
+            and all(isinstance(t, torch.Tensor) for t in inputs)):
+        raise InputError(f"{name} is {type(inputs).__name__}; a graph model's inputs are a pair "
+                         f"of tensors, {name}=(x, adjacency), for x1 and x2 alike.")
+    x, a = inputs
+    a = a.to_dense() if a.is_sparse else a
+    if x.ndim != 3 or a.ndim != 3 or a.shape != (x.shape[0], x.shape[2], x.shape[2]):
+        raise ShapeError(f"{name}=(x, adjacency) needs node features x (N, C, V) and adjacencies "
+                         f"(N, V, V), got x {tuple(x.shape)} and adjacency {tuple(a.shape)}.")
+    if x.device != a.device:
+        raise InputError(f"{name}: x is on {x.device} and its adjacency on {a.device}; move them "
+                         f"to one device.")
+    if not (x.is_floating_point() and a.is_floating_point()):
+        raise InputError(f"{name}=(x, adjacency) are floating-point tensors, got {x.dtype} and "
+                         f"{a.dtype}.")
+    return torch.cat((a.to(x.dtype), x), 1)
+
+
+def adjacency_view(node: fx.Node, adjacencies: dict[fx.Node, bool]) -> bool | None:
+    """When ``node`` transposes the adjacency input (or a transpose of it; ``adjacencies``: those
+    seen so far, each with whether it is transposed), whether the result is transposed; None
+    otherwise."""
+    if not node.args or node.args[0] not in adjacencies:
+        return None
+    rest = tuple(node.args[1:]) + tuple(node.kwargs.values())
+    swaps = {(1, 2), (2, 1), (-1, -2), (-2, -1), (1, -1), (-1, 1), (-2, 2), (2, -2)}
+    if ((node.op == "call_method" and node.target == "transpose" and rest in swaps)
+            or (node.op == "call_function" and node.target is torch.transpose and rest in swaps)
+            or (node.op == "call_method" and node.target == "permute"
+                and rest in {(0, 2, 1), ((0, 2, 1),)})
+            or (node.op == "call_function" and node.target is getattr and rest == ("mT",))):
+        return not adjacencies[node.args[0]]
+    return None
+
+
+def input_aggregation(node: fx.Node, adjacencies: dict[fx.Node, bool]) -> tuple | None:
+    """``(InputAggregate, h)`` when ``node`` is ``h @ M`` with ``M`` the adjacency input or its
+    transpose; None when it does not use the adjacency; any other use is refused."""
+    if not any(a in adjacencies for a in node.all_input_nodes):
+        return None
+    products = {operator.matmul, torch.matmul, torch.bmm}
+    if not ((node.op == "call_function" and node.target in products)
+            or (node.op == "call_method" and node.target in ("matmul", "bmm"))):
+        second = next(iter(adjacencies)).name
+        raise ConversionError(
+            f"{node.name} ({getattr(node.target, '__name__', node.target)}) computes with "
+            f"forward's second input '{second}'. ntbridge models take one tensor, forward(x), or "
+            f"node features and each example's graph, forward(x, adjacency), whose adjacency "
+            f"enters only through products h @ adjacency.transpose(1, 2) (or h @ adjacency): "
+            f"normalise it before passing it.")
+    h, m = node.args[:2]
+    if m not in adjacencies or h in adjacencies or node.kwargs:
+        raise UnsupportedLayerError(
+            f"{node.name}: nodes lie along the last axis of the features (N, C, V), so each "
+            f"example's graph aggregates them as h @ adjacency.transpose(1, 2), not "
+            f"adjacency @ h.")
+    return InputAggregate(transposed=not adjacencies[m]), h
+
+
 def _matmul(h, m, *, out=None):
     if isinstance(m, fx.Node) or not isinstance(h, fx.Node) or out is not None:
         raise UnsupportedLayerError(
             "only h @ M with a constant matrix M of the model (a buffer: the graph's adjacency "
-            "transposed) has a kernel rule: nodes lie along h's last axis (N, C, V), so write "
-            "h @ self.adjacency.T rather than adjacency @ h; an adjacency given to forward as a "
-            "second input is not supported (register it as a buffer).")
+            "transposed) or with each example's adjacency given to forward has a kernel rule: "
+            "nodes lie along h's last axis (N, C, V), so write h @ self.adjacency.T rather than "
+            "adjacency @ h.")
     if not isinstance(m, torch.Tensor) or m.ndim != 2:
         raise UnsupportedLayerError(f"h @ M needs a constant matrix M, got {m!r}.")
     return Aggregate(m.T), [h]

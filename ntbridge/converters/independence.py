@@ -12,7 +12,7 @@ from .elementwise import Elementwise
 from .families import AVG_POOLS, CONVS, DROPOUTS, RESIZES
 from .functional import FORMS
 from .graph import Node
-from .graph_ops import Aggregate
+from .graph_ops import Aggregate, InputAggregate
 from .indexing import Index, Reduce, Stack, Unsqueeze
 from .products import Multiply
 from .sequence import AddPositions
@@ -20,12 +20,19 @@ from .sequence import AddPositions
 # fresh zero-mean weights: output zero-mean given input (attention ends in its out_proj)
 AFFINE = (nn.Linear, *CONVS, nn.Embedding, nn.MultiheadAttention)
 LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, *AVG_POOLS, *RESIZES, *DROPOUTS, Add, Concat,
-          Scale, Index, Reduce, Unsqueeze, Stack, Aggregate, nn.LPPool1d, nn.LPPool2d, nn.LPPool3d,
-          AddPositions)
+          Scale, Index, Reduce, Unsqueeze, Stack, Aggregate, InputAggregate, nn.LPPool1d,
+          nn.LPPool2d, nn.LPPool3d, AddPositions)
 # modules after which every channel has the same kernel when every channel of their inputs has
 # (elementwise or the same map of positions for every channel; a sum or product of such inputs)
 SAME_PER_CHANNEL = (*FORMS, Elementwise, nn.Identity, *DROPOUTS, *AVG_POOLS, nn.Upsample,
-                    nn.PixelShuffle, Add, Scale, Unsqueeze, Stack, Aggregate, Multiply)
+                    nn.PixelShuffle, Add, Scale, Unsqueeze, Stack, Aggregate, InputAggregate,
+                    Multiply)
+
+
+def _random_inputs(n: Node) -> tuple[int, ...]:
+    """The inputs of ``n`` whose values are random at initialisation: all but the adjacency an
+    aggregation takes from the model's input (data, like the input itself)."""
+    return n.inputs[:1] if isinstance(n.module, InputAggregate) else n.inputs
 
 
 def correlated(nodes: list[Node], inputs: tuple[int, ...]) -> str:
@@ -43,8 +50,8 @@ def correlated(nodes: list[Node], inputs: tuple[int, ...]) -> str:
         ancestors[n.index] = frozenset({n.index}).union(*(ancestors[i] for i in n.inputs))
         if isinstance(n.module, AFFINE):
             terms[n.index] = frozenset({n.index})
-        elif isinstance(n.module, LINEAR) and all(terms[i] is not None for i in n.inputs):
-            terms[n.index] = frozenset().union(*(terms[i] for i in n.inputs))
+        elif isinstance(n.module, LINEAR) and all(terms[i] is not None for i in _random_inputs(n)):
+            terms[n.index] = frozenset().union(*(terms[i] for i in _random_inputs(n)))
         else:
             terms[n.index] = None
     for position, a in enumerate(inputs):
@@ -81,7 +88,7 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
     for n in nodes:
         ancestors[n.index] = frozenset({n.index}).union(*(ancestors[i] for i in n.inputs))
         same[n.index] = isinstance(n.module, AFFINE) or (
-            isinstance(n.module, SAME_PER_CHANNEL) and all(same[i] for i in n.inputs))
+            isinstance(n.module, SAME_PER_CHANNEL) and all(same[i] for i in _random_inputs(n)))
     for position, a in enumerate(inputs):
         for b in inputs[position + 1:]:
             if a in ancestors[b] or b in ancestors[a]:

@@ -11,7 +11,7 @@ from .combinators import (INPUT, FanInConcat, FanInSum, FanOut, Pick, Scale, dag
                           serial)
 from .conv import Conv
 from .dropout import Dropout
-from .graph import Aggregate
+from .graph import Aggregate, GraphFeatures, InputAggregate
 from .indexing import FanInStack, Index, Reduce, Unsqueeze
 from .embedding import Embedding, Positions
 from .kernel import Kernel, input_kernel
@@ -29,8 +29,8 @@ from .transpose import ConvTranspose
 __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
            "AvgPool", "BatchNorm", "ChannelMoments", "Conv", "ConvTranspose", "Cos",
            "Dense", "Dropout", "Embedding", "Erf", "Exp", "FanInConcat", "FanInProd",
-           "FanInStack", "FanInSum", "FanOut", "Flatten", "Gelu", "INPUT", "Identity",
-           "Index", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
+           "FanInStack", "FanInSum", "FanOut", "Flatten", "Gelu", "GraphFeatures", "INPUT",
+           "Identity", "Index", "InputAggregate", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
            "Numerical", "Outer", "PARAMETERIZATIONS", "Pick", "Piece", "Pieces", "PixelShuffle",
            "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "Rule",
            "Scale", "SelfAttention", "Sign", "Sin", "Stds", "TokenMean", "TokenSelect",

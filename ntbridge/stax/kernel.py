@@ -42,6 +42,9 @@ class Kernel:
         its error estimated from their spread (``covariances.evaluate_error``).
       ids1, ids2: the token ids ``(N1, T)``, ``(N2, T)`` when this is the kernel of a model's
         input ids (None otherwise): what per-example masks (``key_padding_mask``) are made of.
+      adjacency1, adjacency2: each example's graph ``(N1, V, V)``, ``(N2, V, V)`` when this is the
+        kernel of a graph model's inputs (``stax.graph.graph_kernel``; None otherwise): what
+        per-example aggregations (``stax.graph.InputAggregate``) weigh the nodes with.
     """
 
     nngp: jax.Array
@@ -57,6 +60,8 @@ class Kernel:
     replicate: jax.Array | None = None
     ids1: jax.Array | None = None
     ids2: jax.Array | None = None
+    adjacency1: jax.Array | None = None
+    adjacency2: jax.Array | None = None
 
     def replace(self, **changes) -> "Kernel":
         return dataclasses.replace(self, **changes)
@@ -68,7 +73,8 @@ class Kernel:
 
 jax.tree_util.register_dataclass(
     Kernel,
-    data_fields=["nngp", "ntk", "cov1", "cov2", "replicate", "ids1", "ids2"],
+    data_fields=["nngp", "ntk", "cov1", "cov2", "replicate", "ids1", "ids2", "adjacency1",
+                 "adjacency2"],
     meta_fields=["shape1", "shape2", "x1_is_x2", "is_gaussian", "diagonal_spatial", "tokens"],
 )
 
