@@ -18,10 +18,9 @@ the adjacencies of an example pair, the rule is ``A1 K A2^T``, exact.
 
 from __future__ import annotations
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel, input_kernel
