@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ntbridge import errors, predict
+from ntbridge.predict import chebyshev, ode
 
 
 def kernel(n, m, seed, scale=1.0):
@@ -101,6 +102,109 @@ def test_cross_entropy_flow_matches_small_explicit_steps():
         gap = (c - f).abs().max()
         assert (got - f).abs().max() <= 1.5 * gap
         assert (got - (2 * f - c)).abs().max() <= 0.05 * gap
+
+
+def stiff_kernel(n, m, seed):
+    """A joint PSD kernel whose train block has a bulk of eigenvalues in about [0.3, 2] and one
+    near n (a constant component, as NTKs have): at half the stable learning rate its flow is
+    stiff by a factor ~ 50. (train-train, test-train), float64."""
+    a = torch.from_numpy(np.random.default_rng(seed).normal(size=(n + m, 4 * (n + m))))
+    k = a @ a.T / a.shape[1] + 1.0
+    return k[:n, :n], k[n:, :n]
+
+
+def chebyshev_steps(monkeypatch):
+    """The sizes of the Runge-Kutta-Chebyshev steps tried from now on (a list that grows)."""
+    sizes, step = [], chebyshev.step
+    monkeypatch.setattr(chebyshev, "step", lambda *args: sizes.append(args[4]) or step(*args))
+    return sizes
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-7), (torch.float32, 1e-5)])
+def test_own_mse_takes_chebyshev_steps_to_the_closed_form_at_long_times(monkeypatch, dtype, rtol):
+    """lr lambda_max = 1 and t up to 1e4: Dormand-Prince alone needs 6 evaluations per 3.3 of
+    time there (18,000). The flow is linear and contractive: each step's local error (at most
+    rtol |y|) is damped by the later steps rather than added up, so the error stays within a few
+    rtol |y| (0.1 in float64, 1.4 in float32 here); asserted within 10 rtol |y|."""
+    k, ks = stiff_kernel(20, 4, 30)
+    y = targets(20, 2, 31)
+    lr, t = 0.5 * predict.max_learning_rate(k), [1e2, 1e3, 1e4]
+    evaluations = []
+    own_mse = lambda f, targets: evaluations.append(1) or predict.mse(f, targets)
+    sizes = chebyshev_steps(monkeypatch)
+    out = predict.gradient_descent(own_mse, k.to(dtype), y.to(dtype), lr, t,
+                                   k_test_train=ks.to(dtype), rtol=rtol)
+    exact = predict.gradient_descent_mse(k, y, lr, t, k_test_train=ks)
+    assert out.train.dtype == out.test.dtype == dtype
+    for got, want in ((out.train, exact.train), (out.test, exact.test)):
+        assert (got.double() - want).abs().max() <= 10 * rtol * want.abs().max()
+    assert max(sizes, default=0) > 10 * 3.3  # steps 10x beyond Dormand-Prince's stable ones
+    assert len(evaluations) < 0.2 * 6 * t[-1] / 3.3
+
+
+def test_float32_at_a_tolerance_near_its_rounding_takes_no_chebyshev_steps(monkeypatch):
+    """A Chebyshev step's error estimate carries rounding amplified ``h rho`` times; with
+    rtol = 1e-7 (float32's eps is 1.2e-7) it would exceed the tolerance, so all steps are
+    Dormand-Prince ones, and the outputs meet the closed form to float32's rounding (2e-7 of
+    them here, asserted within 1e-5)."""
+    k, _ = stiff_kernel(20, 0, 32)
+    y = targets(20, 2, 33)
+    lr, t = 0.5 * predict.max_learning_rate(k), [30.0, 100.0]
+    sizes = chebyshev_steps(monkeypatch)
+    own_mse = lambda f, targets: predict.mse(f, targets)
+    out = predict.gradient_descent(own_mse, k.float(), y.float(), lr, t)
+    assert sizes == []
+    exact = predict.gradient_descent_mse(k, y, lr, t).train
+    assert (out.train.double() - exact).abs().max() <= 1e-5 * exact.abs().max()
+
+
+def test_cross_entropy_with_chebyshev_steps_matches_dormand_prince_alone(monkeypatch):
+    """The reference: the same flow written out, by Dormand-Prince steps only at rtol 1e-11.
+    Without a contraction to damp them (the outputs keep growing), local errors of rtol |y| add
+    up over the steps: the distance is 0.8 rtol |f| here; asserted within 10 rtol |f|."""
+    k, ks = stiff_kernel(20, 4, 30)
+    y = F.one_hot(torch.from_numpy(np.random.default_rng(32).integers(0, 3, 20)), 3).double()
+    lr, t, rtol = 0.5 * predict.max_learning_rate(k, loss_curvature=0.5), [1e2, 1e3, 1e4], 1e-7
+    ce = lambda f, y: F.cross_entropy(f, y, reduction="sum")
+    sizes = chebyshev_steps(monkeypatch)
+    out = predict.gradient_descent(ce, k, y, lr, t, k_test_train=ks, rtol=rtol)
+    assert len(sizes) > 0
+
+    def flow(time, state):  # (f, G): the summed cross-entropy's gradient is softmax(f) - y
+        g = torch.softmax(state[0], 1) - y
+        return torch.stack((-lr * k @ g, g))
+
+    ref = ode.solve(flow, torch.zeros(2, 20, 3, dtype=torch.float64), t, rtol=1e-11, atol=1e-14)
+    for got, want in ((out.train, ref[:, 0]), (out.test, -lr * ks @ ref[:, 1])):
+        assert (got - want).abs().max() <= 10 * rtol * want.abs().max()
+
+
+@pytest.mark.parametrize("loss", ["double well", "huber"])
+def test_nonconvex_and_kinked_losses_with_chebyshev_steps_match_dormand_prince_alone(monkeypatch,
+                                                                                     loss):
+    """The double well 1/4 ((f - y)^2 - 1)^2 curves down where |f - y| < 1/sqrt(3) (the flow
+    starts there): the flow's eigenvalues are real but some positive; Huber's curvature jumps
+    from 1 to 0. The error control holds either way: within 10 rtol |f| of Dormand-Prince steps
+    at rtol 1e-10 (0.06 and 3.5 rtol |f| here)."""
+    k, ks = stiff_kernel(20, 4, 30)
+    y = targets(20, 2, 31)
+    fn, gradient, curvature = {
+        "double well": (lambda f, y: 0.25 * (((f - y) ** 2 - 1) ** 2).sum(),
+                        lambda f: ((f - y) ** 2 - 1) * (f - y), 2.0),
+        "huber": (lambda f, y: F.huber_loss(f, y, reduction="sum", delta=0.5),
+                  lambda f: torch.clamp(f - y, -0.5, 0.5), 1.0)}[loss]
+    lr, t, rtol = 0.5 * predict.max_learning_rate(k, loss_curvature=curvature), [10.0, 1e3], 1e-7
+    sizes = chebyshev_steps(monkeypatch)
+    out = predict.gradient_descent(fn, k, y, lr, t, k_test_train=ks, rtol=rtol)
+    assert len(sizes) > 0
+
+    def flow(time, state):
+        g = gradient(state[0])
+        return torch.stack((-lr * k @ g, g))
+
+    ref = ode.solve(flow, torch.zeros(2, 20, 2, dtype=torch.float64), t, rtol=1e-10, atol=1e-13)
+    for got, want in ((out.train, ref[:, 0]), (out.test, -lr * ks @ ref[:, 1])):
+        assert (got - want).abs().max() <= 10 * rtol * want.abs().max()
 
 
 def test_momentum_flow_is_the_limit_of_the_heavy_ball_recursion():

@@ -13,7 +13,8 @@ w.r.t. the kernels and the targets (the iterative solvers compute in float64 and
 * :mod:`.closed_form`: :func:`gradient_descent_mse`, the MSE's dynamics in closed form (discrete steps or
   continuous time) for kernels ``(n, n)`` or ``(n, n, O, O)``; :func:`max_learning_rate`.
 * :mod:`.flow`: :func:`gradient_descent` for any torch loss (cross-entropy included), with
-  optional heavy-ball momentum, by the adaptive Runge-Kutta solver of :mod:`.ode`.
+  optional heavy-ball momentum, by the adaptive Runge-Kutta solver of :mod:`.ode` (with the
+  Runge-Kutta-Chebyshev steps of :mod:`.chebyshev` on stiff stretches).
 
 Example:
     >>> from ntbridge import predict
