@@ -167,8 +167,9 @@ def _precision(request: Request, x1: torch.Tensor):
 
 def _packed(request: Request) -> tuple[Request, bool]:
     """The request with graph inputs packed (module doc), and whether they were."""
-    pairs = isinstance(request.x1, (tuple, list))
-    if not pairs and not isinstance(request.x2, (tuple, list)):
+    is_pair = lambda x: (isinstance(x, (tuple, list))
+                         and any(isinstance(t, torch.Tensor) for t in x))
+    if not (is_pair(request.x1) or is_pair(request.x2)):  # other lists: refused as inputs
         return request, False
     packed = [None if x is None else pack(x, name) for name, x in (("x1", request.x1),
                                                                     ("x2", request.x2))]
