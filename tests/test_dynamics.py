@@ -165,6 +165,34 @@ def test_expansions_follow_the_module_api():
         ntbridge.linearize(Outputs(with_int=True))(x)
 
 
+def test_expansions_follow_their_module_to_any_device_and_dtype():
+    """Every tensor an expansion uses moves with ``.to``: on the meta device (a stand-in for CUDA
+    that any machine has) a tensor left behind on the CPU would raise."""
+    model, x = cnn(), torch.randn(4, 1, 6, 6, dtype=torch.float64)
+    lin = ntbridge.linearize(model).to("meta")
+    out = lin(x.to("meta"))
+    out.square().sum().backward()
+    assert out.device.type == "meta" and out.shape == (4, 3)
+    assert all(p.grad.device.type == "meta" for p in lin.params.parameters())
+    single = ntbridge.linearize(model).float()
+    torch.testing.assert_close(single(x.float()), model.float()(x.float()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_expansions_on_cuda_equal_those_on_the_cpu():
+    model, x = cnn(), torch.randn(4, 1, 6, 6, dtype=torch.float64)
+    lin = ntbridge.linearize(model)
+    step = perturb(lin, 0.1)
+    gpu = ntbridge.linearize(copy.deepcopy(model).cuda())
+    with torch.no_grad():
+        for name, p in gpu.params.named_parameters():
+            p += step[name].cuda()
+    out = gpu(x.cuda())
+    out.square().sum().backward()
+    assert out.device.type == "cuda"
+    torch.testing.assert_close(out.cpu(), lin(x), rtol=0, atol=1e-12)
+
+
 class Outputs(nn.Module):
     """A model returning a dict of tensors (and an int, with ``with_int``)."""
 
