@@ -6,6 +6,9 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
   (``GlobalSelfAttention(linear_scaling=True)``), NTK parameterization, float64: the largest
   relative difference of the NNGP and NTK, and the time of each library's jitted ``kernel_fn``
   (median of 5 calls after the first), on the same inputs;
+* ``sandwich``: ``x c y^T`` over ``(N, N, T, T)`` float64 kernels of 4.2M entries (what the
+  linear-scaling layer computes), as broadcast products and as batched matrix products, per
+  ``T``: where ``stax.attention.UNROLLED_TOKENS`` switches from one to the other;
 * ``width sweep``: ``ntbridge.analysis.width_sweep`` of a 2-layer encoder (Embedding + positions,
   mean pooling, Linear) whose heads grow as ``sqrt(width)``: the NTK's relative error per width
   and its fitted slope. Expected: ``-1/4``. A head's channels share its softmax weights, so a
@@ -57,7 +60,6 @@ print(json.dumps({"nngp": np.asarray(k.nngp).tolist(), "ntk": np.asarray(k.ntk).
 def ours_linear(n: int, t: int):
     import jax
 
-    jax.config.update("jax_enable_x64", True)
     from ntbridge import stax
     from ntbridge.stax.covariances import evaluate
 
@@ -67,13 +69,10 @@ def ours_linear(n: int, t: int):
     net = stax.serial(att(), stax.Relu(), att())
     x = np.random.default_rng(0).standard_normal((n, t, D))
     fn = jax.jit(lambda a: evaluate(net, a, None, ("nngp", "ntk")))
-    k = fn(x)
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        times.append(time.perf_counter() - start)
-    return {name: np.asarray(v) for name, v in k.items()}, statistics.median(times)
+    with jax.enable_x64(True):  # for this row only
+        k = fn(x)
+        elapsed = seconds(lambda: jax.block_until_ready(fn(x)), 5)
+    return {name: np.asarray(v) for name, v in k.items()}, elapsed
 
 
 def linear_rows(nt_python: str | None) -> None:
@@ -92,6 +91,36 @@ def linear_rows(nt_python: str | None) -> None:
             print(f"linear-scaling vs NT, N={n} T={t}, {name}: max relative difference {diff:.2e}")
         print(f"linear-scaling vs NT, N={n} T={t}, time: ours {ours_time * 1e3:.1f} ms, NT "
               f"{nt['time'] * 1e3:.1f} ms: {ours_time / nt['time']:.2f}x")
+
+
+def sandwich_rows() -> None:
+    import jax
+
+    from ntbridge.stax import attention
+
+    rng = np.random.default_rng(0)
+    for n, t in ((512, 4), (128, 16), (64, 32), (32, 64)):
+        c, a = rng.standard_normal((n, n, t, t)), rng.standard_normal((n, t, t))
+        times = {}
+        for form, limit in (("broadcast", t), ("matmul", 0)):
+            attention.UNROLLED_TOKENS = limit  # the form sandwich takes at this T
+            with jax.enable_x64(True):
+                fn = jax.jit(lambda c, a: attention.sandwich(a[:, None], c, a[None]))
+                times[form] = seconds(lambda: jax.block_until_ready(fn(c, a)), 7)
+        print(f"sandwich N={n} T={t}: broadcast {times['broadcast'] * 1e3:.1f} ms, matmul "
+              f"{times['matmul'] * 1e3:.1f} ms: {times['broadcast'] / times['matmul']:.2f}x")
+    attention.UNROLLED_TOKENS = 32
+
+
+def seconds(fn, repeats: int) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs, after one warm-up run."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def sweep_rows(quick: bool) -> None:
@@ -158,10 +187,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nt-python", help="a Python with Neural Tangents 0.6.5")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rows", default="linear,sweep,classifier")
+    parser.add_argument("--rows", default="linear,sandwich,sweep,classifier")
     args = parser.parse_args()
     if "linear" in args.rows:
         linear_rows(args.nt_python)
+    if "sandwich" in args.rows:
+        sandwich_rows()
     if "sweep" in args.rows:
         sweep_rows(args.quick)
     if "classifier" in args.rows:

@@ -20,7 +20,7 @@ from torch import nn
 
 import ntbridge
 from ntbridge import errors, stax
-from ntbridge.stax.attention import SelfAttention, Stds
+from ntbridge.stax.attention import SelfAttention, Stds, sandwich
 from ntbridge.stax.covariances import evaluate, evaluate_error
 
 
@@ -255,6 +255,17 @@ def test_linear_scaling_is_deterministic_attention():
     a = torch.softmax(0.5 * torch.stack([kx[0, 0], kx[1, 1]]), -1)
     expected = torch.einsum("ts,sr,ur->tu", a[0], 0.5 * kx[0, 1], a[1]) / 3
     torch.testing.assert_close(k[0, 1], expected)
+
+
+@pytest.mark.parametrize("tokens", [3, 32, 33])
+def test_sandwich_is_the_matrix_product_either_way(tokens):
+    """Broadcast products up to UNROLLED_TOKENS, matrix products beyond: the same x c y^T."""
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((2, 1, tokens, tokens)) for _ in range(2))
+    c = rng.standard_normal((2, 3, tokens, tokens))
+    with jax.enable_x64(True):
+        out = np.asarray(sandwich(x, c, y))
+    np.testing.assert_allclose(out, x @ c @ np.swapaxes(y, -1, -2), rtol=1e-12, atol=1e-12)
 
 
 def test_bad_transformer_inputs_are_named():

@@ -54,6 +54,30 @@ def test_float64_only_inside_precision_and_global_config_untouched():
     assert jax.config.jax_enable_x64 == before
 
 
+def test_float32_models_give_float32_kernels_where_x64_is_on():
+    """JAX's x64 mode turned on by the user does not make a float32 model's kernels float64 (token
+    ids and attention included)."""
+    torch.manual_seed(0)
+    model = Classifier(vocab=50, width=16).eval()
+    ids = torch.randint(0, 50, (6, 4))
+    expected = ntbridge.ntk(model, ids)
+    with jax.enable_x64(True):
+        k = ntbridge.ntk(model, ids)
+    assert k.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(k, expected, rtol=0, atol=0)
+
+
+class Classifier(torch.nn.Module):
+    def __init__(self, vocab, width):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(vocab, width), torch.nn.Linear(width, 1)
+        self.att = torch.nn.MultiheadAttention(width, 2, batch_first=True)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        return self.head(self.att(h, h, h, need_weights=False)[0].mean(1))
+
+
 @pytest.mark.parametrize("dtype, says", [(torch.int64, "x1 has dtype"), (torch.bool, "x1 has dtype"),
                                          (torch.complex64, "x1 is complex .* pass x1.real")])
 def test_non_float_inputs_are_refused(dtype, says):

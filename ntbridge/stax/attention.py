@@ -124,10 +124,26 @@ def _limit_weights(c, s: Stds, allowed):
 def _linear_limit(k: Kernel, s: Stds, kv, tv, allowed):
     """``linear_scaling``: ``A_n Kv A_m^T`` with deterministic attention weights, and the NTK's."""
     a1, a2 = (_limit_weights(c, s, a) for c, a in zip((k.cov1, k.cov2), allowed))
-    weigh = lambda c, x, y: jnp.einsum("...ts,...sr,...ur->...tu", x, c, y,
-                                       precision=jax.lax.Precision.HIGHEST)
-    z = [weigh(kv[0], a1[:, None], a2[None]), weigh(kv[1], a1, a1), weigh(kv[2], a2, a2)]
-    return z, None if tv is None else weigh(tv, a1[:, None], a2[None])
+    z = [sandwich(a1[:, None], kv[0], a2[None]), sandwich(a1, kv[1], a1),
+         sandwich(a2, kv[2], a2)]
+    return z, None if tv is None else sandwich(a1[:, None], tv, a2[None])
+
+
+UNROLLED_TOKENS = 32  # up to here sandwich's broadcast products beat batched matmuls on CPU
+
+
+def sandwich(x, c, y):
+    """``x @ c @ y^T`` over the last two axes (batch axes broadcast), ``(..., T, T)``. Up to
+    ``UNROLLED_TOKENS`` tokens as ``2 T`` broadcast products, which XLA fuses into two passes
+    over ``c``: 2-3x faster on CPU than its batched products of small matrices (the ``sandwich``
+    rows of ``benchmarks/attention.py``); matrix products beyond."""
+    t = c.shape[-1]
+    if t > UNROLLED_TOKENS:
+        return jnp.einsum("...ts,...sr,...ur->...tu", x, c, y,
+                          precision=jax.lax.Precision.HIGHEST)
+    yt = jnp.swapaxes(y, -1, -2)
+    left = sum(x[..., :, s, None] * c[..., s, None, :] for s in range(t))
+    return sum(left[..., :, r, None] * yt[..., None, r, :] for r in range(t))
 
 
 def _expand(allowed, axis: int):
