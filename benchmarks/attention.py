@@ -17,8 +17,9 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
   MLPs converge as ``width**-1/2``, the logits' departure from Gaussian as ``1 / d_head``);
 * ``text classifier``: Embedding(1000, 64) + learned positions, 2 encoder layers of 4 heads, mean
   pooling, Linear, on N = 64 sequences of 16 tokens, float32: the analytic NNGP + NTK of torch's
-  attention (public ``ntbridge.kernel``, first call and steady call) and the reported relative
-  error of its numerical expectation.
+  attention (public ``ntbridge.kernel``, first call and steady call), the reported relative
+  error of its numerical expectation, and the steady call with ``progress=True`` (tiled so that
+  its bar moves).
 """
 
 from __future__ import annotations
@@ -181,6 +182,12 @@ def classifier_rows(quick: bool) -> None:
     error = ntbridge.expectation_error(model, ids)
     print(f"text classifier N={n} T={t}: NNGP + NTK first call {times[0]:.1f} s, steady "
           f"{times[1]:.1f} s; relative error of the expectation {error:.1e}")
+    for _ in range(2):  # with a progress bar: 4 row blocks of tiles
+        start = time.perf_counter()
+        ntbridge.kernel(model, ids, progress=True)
+        shown = time.perf_counter() - start
+    print(f"text classifier with progress=True (tiles of {n // 4} sequences): steady {shown:.1f} "
+          f"s, {shown / times[1]:.2f}x the single tile")
 
 
 if __name__ == "__main__":

@@ -97,7 +97,8 @@ def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStru
                 in_blocks(fn, pair_bytes, perm, own) if blocks else fn, perm, args,
                 pairwise=network.pairwise,
                 exactly_symmetric=lambda a1: blocks and splits(a1, None, pair_bytes),
-                program_kind=functools.partial(program_kind, network)), None
+                program_kind=functools.partial(program_kind, network),
+                compute_bound=network.replicates > 0), None
 
 
 def _by_layer_fn(graph, owners: tuple[int, ...]):

@@ -105,7 +105,7 @@ def expectation_error(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | Non
     computation, in one piece (no tiling).
 
     Example:
-        >>> ntbridge.expectation_error(encoder, x)       # e.g. 5e-5
+        >>> ntbridge.expectation_error(encoder, x)       # e.g. 1.5e-4
     """
     names = (get,) if isinstance(get, str) else tuple(get)
     prepared = prepare(Request(model, x1, x2, Analytic(get), conversion=conversion))

@@ -184,6 +184,26 @@ def test_expectation_error_shrinks_with_refinement():
     assert float(jnp.abs(kernels[0] - kernels[1]).max()) / scale < 5 * error(coarse)
 
 
+def test_tiles_give_the_kernel_within_its_error_and_progress_moves_over_them():
+    """Tiling (a batch_size, or progress=True, which tiles a numerical expectation in 4 row
+    blocks) changes which pairs' estimates are transposes of others, not the kernel beyond its
+    reported error; the off-diagonal tiles' pairs are the untiled kernel's own."""
+    torch.manual_seed(3)
+    x = torch.randn(8, 3, 8, dtype=torch.float64)
+    model = Attention(8, 2).double()
+    whole, info = ntbridge.kernel(model, x, return_info=True, progress=False)
+    error = ntbridge.expectation_error(model, x)
+    assert info.tiles == 1
+    shown, info = ntbridge.kernel(model, x, return_info=True, progress=True)
+    assert (info.tiles, info.tile) == (10, (2, 2))
+    for get in ("nngp", "ntk"):
+        a, b = getattr(whole, get), getattr(shown, get)
+        assert (a - b).abs().max() / a.abs().max() < 5 * error
+        torch.testing.assert_close(a[:2, 2:], b[:2, 2:], rtol=1e-12, atol=0)
+    tiled = ntbridge.kernel(model, x, batch_size=3)
+    assert ((tiled.ntk - whole.ntk).abs().max() / whole.ntk.abs().max()) < 5 * error
+
+
 def test_attention_programs_call_no_library_routines():
     # XLA's CPU runtime runs independent library calls side by side, and a batched LAPACK call
     # waits on its worker thread for work queued on the same threads: two of them deadlocked the
