@@ -204,6 +204,19 @@ def test_tiles_give_the_kernel_within_its_error_and_progress_moves_over_them():
     assert ((tiled.ntk - whole.ntk).abs().max() / whole.ntk.abs().max()) < 5 * error
 
 
+def test_attention_points_trade_time_for_error():
+    torch.manual_seed(5)
+    x = torch.randn(4, 3, 8, dtype=torch.float64)
+    model = Attention(8, 2).double()
+    coarse, fine = (ntbridge.ntk(model, x, attention_points=p) for p in (4, 64))
+    errors_ = [ntbridge.expectation_error(model, x, attention_points=p) for p in (4, 64)]
+    assert 0 < errors_[1] < errors_[0]
+    assert 0 < (coarse - fine).abs().max() / fine.abs().max() < 5 * errors_[0]
+    for bad in (0, 3, 2.0, True):
+        with pytest.raises(errors.InputError, match="attention_points must be a power of 2"):
+            ntbridge.ntk(model, x, attention_points=bad)
+
+
 def test_attention_programs_call_no_library_routines():
     # XLA's CPU runtime runs independent library calls side by side, and a batched LAPACK call
     # waits on its worker thread for work queued on the same threads: two of them deadlocked the

@@ -59,7 +59,8 @@ def _signature_part(module: nn.Module):
 
 
 def convert(model: nn.Module, *, parameterization: str = "standard", init: str = "torch",
-            W_std: StdOption = None, b_std: StdOption = None, attention: str = "softmax") -> Graph:
+            W_std: StdOption = None, b_std: StdOption = None, attention: str = "softmax",
+            attention_points: int = 32) -> Graph:
     """Translate ``model`` into a :class:`Graph` (``init_fn``, ``apply_fn``, ``kernel_fn``, ``params``).
 
     Args:
@@ -77,6 +78,9 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
       attention: ``"softmax"`` (torch's attention, logits ``q k / sqrt(d)``: the kernel's
         expectation is computed numerically, ``ntbridge.stax.attention``) or ``"linear"`` (Neural
         Tangents' closed-form variant: keys tied to queries, logits ``q q / d``).
+      attention_points: the points of each of the 8 replicates of softmax attention's numerical
+        expectation (a power of 2): its error falls about as ``points**-1/2`` and its time grows
+        as ``points`` (``ntbridge.expectation_error`` reports the error).
 
     Example:
         >>> g = ntbridge.convert(nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 1)))
@@ -86,7 +90,7 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     if not isinstance(model, nn.Module):
         raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
     _check_uniform(model)
-    options = Options(parameterization, init, W_std, b_std, attention)
+    options = Options(parameterization, init, W_std, b_std, attention, attention_points)
     leaves = list(_leaves(model))
     if any(_is_user_container(module) for _, module in leaves):
         nodes = fx_nodes(model, options)
@@ -96,14 +100,13 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     options.check_names([n.name for n in nodes if "W_std" in n.hyper])
     with precision(model_dtype(model)):
         params = {key: to_jax(t, key) for key, t in module_tensors(nodes).items()}
-    return Graph(nodes, params, _signature(parameterization, attention, nodes, True),
-                 _signature(parameterization, attention, nodes, False))
+    return Graph(nodes, params, _signature(options, nodes, True), _signature(options, nodes, False))
 
 
-def _signature(parameterization: str, attention: str, nodes: list[Node], values: bool) -> tuple:
+def _signature(options: Options, nodes: list[Node], values: bool) -> tuple:
     """What fixes the converted model (see :class:`Graph`), with or without the ``values`` of its
     layers' declared hyper-parameters."""
     hyper = lambda n: tuple(sorted((k, as_float(v) if isinstance(v, torch.Tensor) else v)
                                    for k, v in n.hyper.items() if values or k not in n.layer.hyper))
-    return parameterization, attention, tuple(
+    return options.parameterization, options.attention, options.attention_points, tuple(
         (n.name, _signature_part(n.module), hyper(n), n.inputs) for n in nodes)

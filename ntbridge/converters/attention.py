@@ -129,7 +129,8 @@ def _attention(module: nn.MultiheadAttention, ctx: Context) -> stax.Layer:
     mask, padding_id = _call_mask(ctx, where)
     return SelfAttention(module.embed_dim, module.num_heads, _attention_stds(module, ctx),
                          parameterization=ctx.parameterization, mask=mask,
-                         linear_scaling=ctx.options.attention == "linear", padding_id=padding_id)
+                         linear_scaling=ctx.options.attention == "linear", padding_id=padding_id,
+                         rule=stax.Rule(points=ctx.options.attention_points))
 
 
 def _sub(module: nn.Module, name: str, ctx: Context, call: dict | None = None) -> stax.Layer:

@@ -92,11 +92,18 @@ class Options:
     W_std: StdOption = None
     b_std: StdOption = None
     attention: str = "softmax"
+    attention_points: int = 32
     used_names: set = dataclasses.field(default_factory=set)
 
     def __post_init__(self):
         if self.attention not in ATTENTIONS:
             raise InputError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}.")
+        points = self.attention_points
+        if isinstance(points, bool) or not isinstance(points, int) or points < 2 or points & (
+                points - 1):
+            raise InputError(f"attention_points must be a power of 2 (scrambled Sobol points "
+                             f"come balanced in those), at least 2, got {points!r}; e.g. 32 "
+                             f"(the default) or 128.")
         if self.parameterization not in PARAMETERIZATIONS:
             raise InputError(f"parameterization must be one of {PARAMETERIZATIONS}, "
                              f"got {self.parameterization!r}.")

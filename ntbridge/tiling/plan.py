@@ -11,6 +11,7 @@ import jax
 from ..errors import InputError, InputTypeError
 
 MEMORY_FRACTION = 0.8  # share of free memory a computation may plan to use
+PROGRESS_BLOCKS = 4  # row blocks of a compute-bound kernel whose progress is asked for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,13 +66,19 @@ class Batching:
         devices = jax.local_devices(backend=self.platform)
         return devices if self.device_count == -1 else devices[:self.device_count]
 
-    def candidate_sizes(self, n: int) -> list[int]:
-        """Tile sizes to try, largest first, for ``n`` examples on the longer side."""
-        if self.batch_size:
-            return [self.batch_size]
+    def candidate_sizes(self, n: int, compute_bound: bool = False) -> list[int]:
+        """Tile sizes to try, largest first, for ``n`` examples on the longer side. A kernel whose
+        pairs cost much work in little memory (``compute_bound``: numerical expectations, e.g.
+        attention's) can take minutes in one tile: with ``progress=True`` and no ``batch_size``
+        its tiles are of ``n / PROGRESS_BLOCKS`` examples at most, so that the bar moves (with x2
+        = x1 about 25% more pairs computed than the single tile's triangle)."""
+        if self.batch_size is not None:
+            return [self.batch_size or n]
         sizes = [n]
-        while self.batch_size is None and sizes[-1] > 1:
+        while sizes[-1] > 1:
             sizes.append(math.ceil(sizes[-1] / 2))
+        if compute_bound and self.progress:
+            sizes = [b for b in sizes if b <= math.ceil(n / PROGRESS_BLOCKS)]
         return sizes
 
 

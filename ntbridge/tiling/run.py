@@ -30,8 +30,6 @@ from . import distributed
 from .plan import MEMORY_FRACTION, Batching, Tiling
 from .stores import FileStore, MemoryStore, Perm, fingerprint
 
-PROGRESS_BLOCKS = 4  # row blocks of a compute-bound kernel whose progress is asked for
-
 
 class TilingInfo(NamedTuple):
     """How a kernel was tiled: ``tiles`` (all of them), ``computed`` (by this call: a resumed
@@ -67,9 +65,7 @@ class Task:
         tiles like ``a1`` take (a key of :data:`ntbridge.devices.PROGRAM_OPTIONS`); fixed by
         ``computation`` and the inputs' shape.
       compute_bound: whether each pair's entry costs much work in little memory (numerical
-        expectations, e.g. attention's), so that one tile can take minutes: with ``progress=True``
-        (and no ``batch_size``) such a kernel is tiled in ``PROGRESS_BLOCKS`` row blocks, whose
-        bar moves while it runs.
+        expectations, e.g. attention's): see :meth:`Batching.candidate_sizes`.
     """
 
     computation: Hashable
@@ -173,11 +169,7 @@ def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
     will run."""
     n1 = x1.shape[0]
     free = free_bytes(opts.devices[0]) * MEMORY_FRACTION
-    sizes = opts.candidate_sizes(max(n1, n2))
-    if task.compute_bound and opts.progress and opts.batch_size is None:
-        # a bar that moves: tiles of a quarter of the examples (in the symmetric case about 25%
-        # more pairs computed than the single tile's triangle, tests/test_attention.py)
-        sizes = [b for b in sizes if b <= math.ceil(max(n1, n2) / PROGRESS_BLOCKS)] or sizes[-1:]
+    sizes = opts.candidate_sizes(max(n1, n2), task.compute_bound)
     if symmetric and not task.pairwise:
         if opts.batch_size and opts.batch_size < n1:
             raise InputError(
