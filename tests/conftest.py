@@ -34,3 +34,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 if "NTBRIDGE_CACHE_DIR" not in os.environ:
     os.environ["NTBRIDGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="ntbridge-test-cache-")
     atexit.register(shutil.rmtree, os.environ["NTBRIDGE_CACHE_DIR"], ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items):
+    """The slow tests first (a stable sort): under ``-n 2`` the long ones then run side by side
+    from the start, instead of leaving one worker alone with the last of them at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
