@@ -72,8 +72,12 @@ def ours_linear(n: int, t: int):
     fn = jax.jit(lambda a: evaluate(net, a, None, ("nngp", "ntk")))
     with jax.enable_x64(True):  # for this row only
         k = fn(x)
-        elapsed = seconds(lambda: jax.block_until_ready(fn(x)), 5)
-    return {name: np.asarray(v) for name, v in k.items()}, elapsed
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(x))
+            times.append(time.perf_counter() - start)
+    return {name: np.asarray(v) for name, v in k.items()}, statistics.median(times)
 
 
 def linear_rows(nt_python: str | None) -> None:
@@ -98,30 +102,23 @@ def sandwich_rows() -> None:
     import jax
 
     from ntbridge.stax import attention
+    from run import interleaved_times
 
     rng = np.random.default_rng(0)
+    default = attention.UNROLLED_TOKENS
     for n, t in ((512, 4), (128, 16), (64, 32), (32, 64)):
         c, a = rng.standard_normal((n, n, t, t)), rng.standard_normal((n, t, t))
-        times = {}
-        for form, limit in (("broadcast", t), ("matmul", 0)):
-            attention.UNROLLED_TOKENS = limit  # the form sandwich takes at this T
-            with jax.enable_x64(True):
-                fn = jax.jit(lambda c, a: attention.sandwich(a[:, None], c, a[None]))
-                times[form] = seconds(lambda: jax.block_until_ready(fn(c, a)), 7)
-        print(f"sandwich N={n} T={t}: broadcast {times['broadcast'] * 1e3:.1f} ms, matmul "
-              f"{times['matmul'] * 1e3:.1f} ms: {times['broadcast'] / times['matmul']:.2f}x")
-    attention.UNROLLED_TOKENS = 32
-
-
-def seconds(fn, repeats: int) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs, after one warm-up run."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        forms = []
+        with jax.enable_x64(True):
+            for limit in (t, 0):  # broadcast products, then matrix products
+                attention.UNROLLED_TOKENS = limit  # read when the program is traced
+                forms.append(jax.jit(lambda c, a: attention.sandwich(a[:, None], c, a[None]))
+                             .lower(c, a).compile())
+            broadcast, matmul = map(statistics.median, interleaved_times(
+                *(lambda f=f: f(c, a) for f in forms), rounds=7))
+        print(f"sandwich N={n} T={t}: broadcast {broadcast * 1e3:.1f} ms, matmul "
+              f"{matmul * 1e3:.1f} ms: {broadcast / matmul:.2f}x")
+    attention.UNROLLED_TOKENS = default
 
 
 def sweep_rows(quick: bool) -> None:
