@@ -202,6 +202,8 @@ def test_tiles_give_the_kernel_within_its_error_and_progress_moves_over_them():
         torch.testing.assert_close(a[:2, 2:], b[:2, 2:], rtol=1e-12, atol=0)
     tiled = ntbridge.kernel(model, x, batch_size=3)
     assert ((tiled.ntk - whole.ntk).abs().max() / whole.ntk.abs().max()) < 5 * error
+    dropped = nn.Sequential(model, nn.Dropout(0.2)).train()  # an example with itself: one tile
+    assert ntbridge.kernel(dropped, x, return_info=True, progress=True)[1].tiles == 1
 
 
 def test_attention_points_trade_time_for_error():

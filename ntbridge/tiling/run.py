@@ -176,7 +176,7 @@ def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
                 f"batch_size={opts.batch_size}: this kernel of x1 with itself cannot be tiled (the "
                 f"training-mode Dropout terms of an example with itself); pass batch_size=None, or "
                 f"call model.eval().")
-        sizes = sizes[:1]
+        sizes = [n1]
     for n, b in enumerate(sizes):
         tiling = Tiling(n1, n2, b, symmetric)
         program = compiled(task, tiling, opts, x1)
