@@ -184,6 +184,7 @@ def test_expectation_error_shrinks_with_refinement():
     assert float(jnp.abs(kernels[0] - kernels[1]).max()) / scale < 5 * error(coarse)
 
 
+@pytest.mark.slow
 def test_tiles_give_the_kernel_within_its_error_and_progress_moves_over_them():
     """Tiling (a batch_size, or progress=True, which tiles a numerical expectation in 4 row
     blocks) changes which pairs' estimates are transposes of others, not the kernel beyond its
@@ -206,7 +207,8 @@ def test_tiles_give_the_kernel_within_its_error_and_progress_moves_over_them():
     assert ntbridge.kernel(dropped, x, return_info=True, progress=True)[1].tiles == 1
 
 
-def test_attention_points_trade_time_for_error():
+@pytest.mark.slow
+def test_attention_points_set_the_error_of_the_expectation():
     torch.manual_seed(5)
     x = torch.randn(4, 3, 8, dtype=torch.float64)
     model = Attention(8, 2).double()
