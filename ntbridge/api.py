@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .converters.families import examples_interact
-from .converters.registry import StdOption
+from .converters.registry import ATTENTION_POINTS, StdOption
 from .dlpack import model_dtype, precision, to_jax
 from .empirical import Moments, running, sample_counts
 from .empirical.reinit import check_resettable, reinitialise
@@ -38,7 +38,7 @@ from .tiling import Batching
 def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
            get: str | Sequence[str] = ("nngp", "ntk"), *, parameterization: str = "standard",
            init: str = "torch", W_std: StdOption = None, b_std: StdOption = None,
-           attention: str = "softmax", attention_points: int = 32,
+           attention: str = "softmax", attention_points: int = ATTENTION_POINTS,
            batch_size: int | None = None, device_count: int = -1,
            store_on_device: bool = True, progress: bool | None = None, out: str | None = None,
            return_info: bool = False):

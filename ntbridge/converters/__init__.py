@@ -19,7 +19,7 @@ from . import (activations, attention, conv, graph_ops, indexing, linear,  # noq
                normalization, pooling, products, resize, sequence, structure)  # (converters)
 from .fx import fx_nodes
 from .graph import Graph, Node, make_node, module_tensors
-from .registry import Options, StdOption, as_float, find_converter, register
+from .registry import ATTENTION_POINTS, Options, StdOption, as_float, find_converter, register
 
 __all__ = ["Graph", "Node", "convert", "register"]
 
@@ -60,7 +60,7 @@ def _signature_part(module: nn.Module):
 
 def convert(model: nn.Module, *, parameterization: str = "standard", init: str = "torch",
             W_std: StdOption = None, b_std: StdOption = None, attention: str = "softmax",
-            attention_points: int = 32) -> Graph:
+            attention_points: int = ATTENTION_POINTS) -> Graph:
     """Translate ``model`` into a :class:`Graph` (``init_fn``, ``apply_fn``, ``kernel_fn``, ``params``).
 
     Args:

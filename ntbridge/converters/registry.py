@@ -12,12 +12,13 @@ import torch
 from torch import nn
 
 from ..errors import InputError, InputTypeError
-from ..stax import PARAMETERIZATIONS, Layer
+from ..stax import PARAMETERIZATIONS, Layer, Rule
 
 Converter = Callable[[nn.Module, "Context"], Layer]
 CONVERTERS: dict[type, Converter] = {}
 INITS = ("torch", "infer")
 ATTENTIONS = ("softmax", "linear")  # torch's 1/sqrt(d) attention, or the tied 1/d variant
+ATTENTION_POINTS = Rule().points  # the default of attention_points: the rule's own
 
 
 def register(module_type: type) -> Callable[[Converter], Converter]:
@@ -92,7 +93,7 @@ class Options:
     W_std: StdOption = None
     b_std: StdOption = None
     attention: str = "softmax"
-    attention_points: int = 32
+    attention_points: int = ATTENTION_POINTS
     used_names: set = dataclasses.field(default_factory=set)
 
     def __post_init__(self):
@@ -102,8 +103,8 @@ class Options:
         if isinstance(points, bool) or not isinstance(points, int) or points < 2 or points & (
                 points - 1):
             raise InputError(f"attention_points must be a power of 2 (scrambled Sobol points "
-                             f"come balanced in those), at least 2, got {points!r}; e.g. 32 "
-                             f"(the default) or 128.")
+                             f"come balanced in those), at least 2, got {points!r}; e.g. "
+                             f"{ATTENTION_POINTS} (the default) or 128.")
         if self.parameterization not in PARAMETERIZATIONS:
             raise InputError(f"parameterization must be one of {PARAMETERIZATIONS}, "
                              f"got {self.parameterization!r}.")
