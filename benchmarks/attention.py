@@ -3,9 +3,11 @@
 Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
 
 * ``linear-scaling vs NT``: two tied, ``1/d`` self-attention layers with a ReLU between them
-  (``GlobalSelfAttention(linear_scaling=True)``), NTK parameterization, float64: the largest
-  relative difference of the NNGP and NTK, and the time of each library's jitted ``kernel_fn``
-  (median of 5 calls after the first), on the same inputs;
+  (``GlobalSelfAttention(linear_scaling=True)``), NTK parameterization, torch's initialisation,
+  float64 and float32: the largest relative difference of the NNGP and NTK, and the time of a
+  steady call of each library as its users make it (``ntbridge.kernel`` of the torch model,
+  ``attention="linear"``; NT's jitted ``kernel_fn``, in a child process), calls alternating
+  between the two, on the same inputs;
 * ``sandwich``: ``x c y^T`` over ``(N, N, T, T)`` float64 kernels of 4.2M entries (what the
   linear-scaling layer computes), as broadcast products and as batched matrix products, per
   ``T``: where ``stax.attention.UNROLLED_TOKENS`` switches from one to the other;
@@ -33,69 +35,98 @@ import time
 
 import numpy as np
 
-SIZES = [(16, 8), (128, 16)]  # linear-scaling workloads: (N, T), float64
-D, HEADS = 16, 2
-STDS = dict(qk=1.2, v=1.1, o=0.9)
+# linear-scaling workloads (N, T, dtype): the agreement size, then the sizes users run
+SIZES = [(16, 8, "float64"), (128, 16, "float64"), (128, 16, "float32"), (256, 16, "float64")]
+D, HEADS, ROUNDS = 16, 2, 9
+# torch's initialisation of nn.MultiheadAttention (converters/attention.py): W_std of the
+# queries, keys and values sqrt(1/2), of out_proj sqrt(1/3); NT's tied queries and keys take
+# W_query_std * W_key_std = sq**2
+STDS = dict(qk=0.5 ** 0.5, v=0.5 ** 0.5, o=3 ** -0.5)
 
-NT_WORKLOAD = """
-import json, sys, time, statistics
+NT_SERVER = """
+import json, sys, time
 import jax, numpy as np
-jax.config.update("jax_enable_x64", True)
+n, t, d, heads, dtype, qk, v, o, path = json.loads(sys.argv[1])
+jax.config.update("jax_enable_x64", dtype == "float64")
 from neural_tangents import stax
-n, t, d, heads, qk, v, o = json.loads(sys.argv[1])
-att = lambda: stax.GlobalSelfAttention(d, d, d, heads, linear_scaling=True, W_key_std=qk ** 0.5,
-                                       W_query_std=qk ** 0.5, W_value_std=v, W_out_std=o)
+att = lambda: stax.GlobalSelfAttention(d, d, d, heads, linear_scaling=True, W_key_std=qk,
+                                       W_query_std=qk, W_value_std=v, W_out_std=o)
 _, _, kernel_fn = stax.serial(att(), stax.Relu(), att())
-x = np.random.default_rng(0).standard_normal((n, t, d))
+x = np.random.default_rng(0).standard_normal((n, t, d)).astype(dtype)
 fn = jax.jit(kernel_fn, static_argnames="get")
-k = fn(x, None, get=("nngp", "ntk")); k.nngp.block_until_ready()
-times = []
-for _ in range(5):
-    s = time.perf_counter(); fn(x, None, get=("nngp", "ntk")).ntk.block_until_ready()
-    times.append(time.perf_counter() - s)
-print(json.dumps({"nngp": np.asarray(k.nngp).tolist(), "ntk": np.asarray(k.ntk).tolist(),
-                  "time": statistics.median(times)}))
+k = fn(x, None, get=("nngp", "ntk"))
+np.savez(path, nngp=np.asarray(k.nngp), ntk=np.asarray(k.ntk))
+print("ready", flush=True)
+for _ in sys.stdin:  # one timed call per line
+    start = time.perf_counter()
+    fn(x, None, get=("nngp", "ntk")).ntk.block_until_ready()
+    print(time.perf_counter() - start, flush=True)
 """
 
 
-def ours_linear(n: int, t: int):
-    import jax
+def linear_model(dtype: str):
+    """Two bias-free self-attention layers with a ReLU between them (NT's ``serial(
+    GlobalSelfAttention, Relu, GlobalSelfAttention)``), torch's initialisation."""
+    import torch
+    from torch import nn
 
-    from ntbridge import stax
-    from ntbridge.stax.covariances import evaluate
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(D, HEADS, bias=False, batch_first=True)
 
-    s = stax.Stds(STDS["qk"] ** 0.5, STDS["qk"] ** 0.5, STDS["v"], STDS["o"], None, None, None,
-                  None)
-    att = lambda: stax.SelfAttention(D, HEADS, s, parameterization="ntk", linear_scaling=True)
-    net = stax.serial(att(), stax.Relu(), att())
-    x = np.random.default_rng(0).standard_normal((n, t, D))
-    fn = jax.jit(lambda a: evaluate(net, a, None, ("nngp", "ntk")))
-    with jax.enable_x64(True):  # for this row only
-        k = fn(x)
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            jax.block_until_ready(fn(x))
-            times.append(time.perf_counter() - start)
-    return {name: np.asarray(v) for name, v in k.items()}, statistics.median(times)
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=False)[0]
+
+    return nn.Sequential(Attention(), nn.ReLU(), Attention()).to(getattr(torch, dtype))
 
 
 def linear_rows(nt_python: str | None) -> None:
-    for n, t in SIZES:
-        ours, ours_time = ours_linear(n, t)
+    import tempfile
+
+    import torch
+
+    import ntbridge
+
+    for n, t, dtype in SIZES:
+        x = np.random.default_rng(0).standard_normal((n, t, D)).astype(dtype)
+        model, inputs = linear_model(dtype), torch.from_numpy(x)
+        ours = lambda: ntbridge.kernel(model, inputs, attention="linear", parameterization="ntk")
+        kernels = ours()
+        label = f"linear-scaling N={n} T={t} {dtype}"
         if nt_python is None:
-            print(f"linear-scaling N={n} T={t}: ours {ours_time * 1e3:.1f} ms (no NT environment)")
+            times = [_timed(ours) for _ in range(ROUNDS)]
+            print(f"{label}: ours {statistics.median(times) * 1e3:.1f} ms (no NT environment)")
             continue
-        out = subprocess.run([nt_python, "-c", NT_WORKLOAD, json.dumps(
-            [n, t, D, HEADS, STDS["qk"], STDS["v"], STDS["o"]])], capture_output=True, text=True,
-            check=True)
-        nt = json.loads(out.stdout.strip().splitlines()[-1])
-        for name in ("nngp", "ntk"):
-            ref = np.asarray(nt[name])
-            diff = np.abs(ours[name] - ref).max() / np.abs(ref).max()
-            print(f"linear-scaling vs NT, N={n} T={t}, {name}: max relative difference {diff:.2e}")
-        print(f"linear-scaling vs NT, N={n} T={t}, time: ours {ours_time * 1e3:.1f} ms, NT "
-              f"{nt['time'] * 1e3:.1f} ms: {ours_time / nt['time']:.2f}x")
+        with tempfile.TemporaryDirectory() as folder:
+            path = f"{folder}/nt.npz"
+            nt = subprocess.Popen([nt_python, "-c", NT_SERVER, json.dumps(
+                [n, t, D, HEADS, dtype, STDS["qk"], STDS["v"], STDS["o"], path])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True)
+            nt.stdout.readline()  # compiled, kernels saved
+            reference = np.load(path)
+            for name in ("nngp", "ntk"):
+                ref, got = reference[name], getattr(kernels, name).numpy()
+                diff = np.abs(got - ref).max() / np.abs(ref).max()
+                print(f"{label}, {name}: max relative difference to NT {diff:.2e}")
+            ours_times, nt_times = [], []
+            for _ in range(ROUNDS):  # alternating: both see the same load
+                ours_times.append(_timed(ours))
+                nt.stdin.write("go\n")
+                nt.stdin.flush()
+                nt_times.append(float(nt.stdout.readline()))
+            nt.stdin.close()
+            nt.wait()
+        mine, theirs = statistics.median(ours_times), statistics.median(nt_times)
+        print(f"{label}, time (median of {ROUNDS}, alternating): ours {mine * 1e3:.1f} ms, NT "
+              f"{theirs * 1e3:.1f} ms: {mine / theirs:.2f}x")
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def sandwich_rows() -> None:

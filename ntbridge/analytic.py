@@ -65,6 +65,9 @@ def program_kind(network: Layer, a1: jax.ShapeDtypeStruct) -> str:
     return "vector" if len(a1.shape) == 2 else "diagonal"
 
 
+_PAIR_BYTES: dict[tuple, int] = {}  # (architecture, example, kernel dtype) -> _pair_bytes
+
+
 def _pair_bytes(network: Layer, a1: jax.ShapeDtypeStruct) -> int:
     """The bytes of one example pair in the kernel of inputs like ``a1`` ``(N, ...)``, in the
     layout ``network`` reads them: positions (or pairs of positions, ``full_spatial``) of images,
@@ -73,6 +76,17 @@ def _pair_bytes(network: Layer, a1: jax.ShapeDtypeStruct) -> int:
     k = jax.eval_shape(lambda a: inputs_kernel(network, a, None, False, not network.full_spatial),
                        one)
     return k.nngp.dtype.itemsize * math.prod(k.nngp.shape[2:])
+
+
+def _pair_bytes_of(graph, a1: jax.ShapeDtypeStruct) -> int:
+    """:func:`_pair_bytes` of ``graph.network``, traced once per architecture and example shape
+    (a trace costs milliseconds, more than a small kernel's call)."""
+    key = (graph.architecture, tuple(a1.shape[1:]), str(a1.dtype), str(kernel_dtype(a1.dtype)))
+    if key not in _PAIR_BYTES:
+        if len(_PAIR_BYTES) >= 256:  # a bound on what a long-lived process keeps
+            _PAIR_BYTES.clear()
+        _PAIR_BYTES[key] = _pair_bytes(graph.network, a1)
+    return _PAIR_BYTES[key]
 
 
 def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None,
@@ -91,7 +105,7 @@ def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStru
     get = spec.get
     fn = lambda args, a1, a2, covs=None: kernels(network, a1, a2, get, covs, args["hyper"])
     blocks = platform == "cpu" and network.pairwise
-    pair_bytes = functools.partial(_pair_bytes, network)
+    pair_bytes = functools.partial(_pair_bytes_of, graph)
     own = functools.partial(_own_covariances, network)
     return Task(("analytic", graph.architecture, get, blocks),
                 in_blocks(fn, pair_bytes, perm, own) if blocks else fn, perm, args,

@@ -37,23 +37,27 @@ MODELS = {
                                  nn.Linear(16, 2)), (5,)),
     "CNN Flatten": (lambda: _cnn("Flatten"), (2, 8, 8)),
     "CNN GAP": (lambda: _cnn("GAP"), (2, 8, 8)),
+    "Encoder": (lambda: nn.Sequential(nn.Linear(8, 8), nn.TransformerEncoderLayer(
+        8, 2, 16, batch_first=True).eval()), (4, 8)),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_blocks_give_the_kernel_in_one_piece(name, monkeypatch):
-    """Blocks of 3 examples (the last one padded), x2 given or not, float64: the blocked tile
-    equals the whole within rounding, and with x2 = None it is exactly symmetric (the blocks below
-    the diagonal are transposes, those on it symmetrized)."""
+    """Blocks of 3 examples (the last one overlapping the one before), x2 given or not, float64:
+    the blocked tile equals the whole within rounding, and with x2 = None it is exactly symmetric
+    (the blocks below the diagonal are transposes, those on it symmetrized); the encoder's kernels
+    keep their token pairs (N1, N2, T, T)."""
     make, shape = MODELS[name]
-    graph = ntbridge.convert(make().double(), parameterization="ntk")
+    graph = ntbridge.convert(make().double(), parameterization="ntk", attention="linear")
+    perm = analytic.perm_of(graph.network)
     rng = np.random.default_rng(0)
     x1, x2 = rng.standard_normal((10, *shape)), rng.standard_normal((7, *shape))
     pair_bytes = lambda a1: blocks.BLOCK_BYTES // (blocks.LIVE_ARRAYS * 9)  # blocks of 3
     with jax.enable_x64(True):
         whole, args = _analytic(graph, x1.shape)
-        blocked = jax.jit(blocks.in_blocks(whole, pair_bytes, analytic.perm_of(graph.network)))
+        blocked = jax.jit(blocks.in_blocks(whole, pair_bytes, perm))
         for b in (x2, None):
             expected, got = jax.jit(whole)(args, x1, b), blocked(args, x1, b)
             for e, g in zip(expected, got):
@@ -61,7 +65,7 @@ def test_blocks_give_the_kernel_in_one_piece(name, monkeypatch):
                 assert g.shape == e.shape
                 np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12 * np.abs(e).max())
                 if b is None:
-                    assert (g == g.T).all()
+                    assert (g == g.transpose(perm(g.ndim))).all()
 
 
 @pytest.mark.slow
@@ -270,3 +274,20 @@ def test_a_pairs_bytes_are_its_kernels_positions():
     ids_kernel = kernel_dtype(ids.dtype).itemsize  # the widest float enabled
     encoder = network(nn.Sequential(nn.Embedding(10, 8), layer()))
     assert analytic._pair_bytes(encoder, ids) == ids_kernel * 36
+
+
+def test_a_pairs_bytes_are_traced_once_per_architecture_and_shape(monkeypatch):
+    # the trace costs milliseconds, more than a small kernel's call: kept per architecture,
+    # example shape and kernel dtype (token ids' kernels follow JAX's x64 mode)
+    traced = []
+    monkeypatch.setattr(analytic, "_PAIR_BYTES", {})
+    monkeypatch.setattr(analytic, "_pair_bytes", lambda network, a1: traced.append(a1) or 7)
+    graph = lambda: ntbridge.convert(nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 2)))
+    ids = jax.ShapeDtypeStruct((5, 6), jnp.int32)
+    assert analytic._pair_bytes_of(graph(), ids) == 7
+    assert analytic._pair_bytes_of(graph(), jax.ShapeDtypeStruct((9, 6), jnp.int32)) == 7
+    assert len(traced) == 1  # a fresh model of the same architecture, another batch size
+    analytic._pair_bytes_of(graph(), jax.ShapeDtypeStruct((5, 4), jnp.int32))
+    with jax.enable_x64(not jax.config.jax_enable_x64):
+        analytic._pair_bytes_of(graph(), ids)
+    assert len(traced) == 3

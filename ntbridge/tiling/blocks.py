@@ -6,10 +6,11 @@ convolution's shifted sums, the nonlinearity's rule, the NTK's update. Once a ti
 the cache, each pass goes to main memory. :func:`in_blocks` computes the tile in ``s1 x s2``
 blocks of examples (as equal as they can be, :func:`balanced`) whose arrays fit in
 :data:`BLOCK_BYTES`, one after another inside the tile's program (a ``lax`` loop), so the passes
-stay in cache. Data each block needs of its examples alone (e.g. their covariances with
-themselves, ``2 / s`` of the pairs' work) can be computed once per tile and handed to the blocks.
-With x2 = x1 only the blocks on and above the diagonal are computed; the others are their
-transposes, and the diagonal blocks are symmetrized, so the tile is exactly symmetric.
+stay in cache; each block is written into the tile as soon as it is computed. Data each block
+needs of its examples alone (e.g. their covariances with themselves, ``2 / s`` of the pairs' work)
+can be computed once per tile and handed to the blocks. With x2 = x1 only the blocks on and above
+the diagonal are computed; the others are their transposes, and the diagonal blocks are
+symmetrized, so the tile is exactly symmetric.
 """
 
 from __future__ import annotations
@@ -64,11 +65,20 @@ def _blocks(a: jax.Array, size: int) -> jax.Array:
     return a.reshape(count, size, *a.shape[1:])
 
 
-def _assemble(grid: jax.Array, n1: int, n2: int) -> jax.Array:
-    """``(nb1, nb2, s1, s2, ...) -> (n1, n2, ...)``: the blocks side by side, padding cut."""
-    nb1, nb2, s1, s2, *rest = grid.shape
-    tile = jnp.swapaxes(grid, 1, 2).reshape(nb1 * s1, nb2 * s2, *rest)
-    return tile[:n1, :n2]
+def _starts(n: int, size: int) -> np.ndarray:
+    """The first rows of the blocks of ``size`` examples covering ``n`` in order: the last one
+    ends at ``n`` (it overlaps the one before when ``size`` does not divide ``n``)."""
+    return np.minimum(np.arange(0, n, size), n - size).astype(np.int32)
+
+
+def _order(starts1: np.ndarray, starts2: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks ``(rows, cols)`` (their first rows) one loop computes: every pair, or with
+    ``starts2`` None (x2 = x1) those above the diagonal, then the diagonal ones."""
+    if starts2 is not None:
+        i, j = np.divmod(np.arange(len(starts1) * len(starts2)), len(starts2))
+        return starts1[i], starts2[j]
+    i, j = np.triu_indices(len(starts1), 1)
+    return np.concatenate([starts1[i], starts1]), np.concatenate([starts1[j], starts1])
 
 
 def splits(a1: jax.Array, a2: jax.Array | None, pair_bytes: Callable[[jax.Array], int]) -> bool:
@@ -77,31 +87,11 @@ def splits(a1: jax.Array, a2: jax.Array | None, pair_bytes: Callable[[jax.Array]
     return max(a1.shape[0], (a1 if a2 is None else a2).shape[0]) > block_size(pair_bytes(a1))
 
 
-def _map_blocks(fn: Callable, args, b1: jax.Array, b2: jax.Array, rows: np.ndarray,
-                cols: np.ndarray, per_example: PerExample | None):
-    """``fn`` of the blocks ``b1[rows[k]]`` and ``b2[cols[k]]`` (of ``(nb, s, ...)`` inputs) for
-    each ``k``, one after another: ``(len(rows), s1, s2, ...)`` leaves.
-
-    With ``per_example`` and blocks of at most :data:`SHARED_UP_TO` examples, its data is computed
-    here once per side (once if ``b2`` is ``b1``), block by block, and each step reads the next
-    block's rows into the loop's carry: read in the step that uses them, XLA would fuse the
-    slicing into each elementwise pass over the pairs that reads them.
-    """
-    if per_example is None or max(b1.shape[1], b2.shape[1]) > SHARED_UP_TO:
-        return jax.lax.map(lambda ij: fn(args, b1[ij[0]], b2[ij[1]]), (rows, cols))
-    each = lambda b: jax.lax.map(lambda block: per_example(args, block), b)
-    e1 = each(b1)
-    e2 = e1 if b2 is b1 else each(b2)
-    pick = lambda e, i: jax.tree.map(lambda leaf: leaf[i], e)
-    known = lambda i, j: (pick(e1, i), pick(e2, j))
-
-    def step(carry, ij):  # carry: the data of block ij, read by the step before
-        i, j, i_next, j_next = ij
-        return known(i_next, j_next), fn(args, b1[i], b2[j], carry)
-
-    ahead = lambda r: np.roll(r, -1)
-    _, out = jax.lax.scan(step, known(rows[0], cols[0]), (rows, cols, ahead(rows), ahead(cols)))
-    return out
+def _per_example_rows(per_example: PerExample, args, a: jax.Array, size: int):
+    """``per_example(args, a)`` computed in blocks of ``size`` examples (the memory of one block):
+    ``(n, ...)`` leaves."""
+    out = jax.lax.map(lambda block: per_example(args, block), _blocks(a, size))
+    return jax.tree.map(lambda leaf: leaf.reshape(-1, *leaf.shape[2:])[:a.shape[0]], out)
 
 
 def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
@@ -110,15 +100,23 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
     """``fn(args, a1, a2)`` (a tile's kernel, ``(b1, b2, ...)`` leaves) computed in blocks of at
     most :func:`block_size` examples (:func:`balanced` per side), ``pair_bytes(a1)`` bytes per
     pair; ``perm(ndim)`` exchanges x1 and x2 in a leaf. Tiles no larger than a block are computed
-    as they are; others (see :func:`splits`) with ``a2=None`` come out exactly symmetric: the
-    blocks below the diagonal are the transposes of those above, and the diagonal blocks are
-    symmetrized after the loop, from its stored output (XLA cannot fuse the two sides'
-    computations into one expression).
+    as they are; others (see :func:`splits`) in one loop that carries the tile and writes each
+    block into it in place (no stacked copy of the blocks to assemble afterwards). A block is
+    materialised before it is written (an in-place write of a computation would run it on one
+    thread, and its mirror would compute it twice). The last block of a side ends at its last
+    example, overlapping the one before it rather than padded.
+
+    With ``a2=None`` the tile comes out exactly symmetric: the loop writes each block above the
+    diagonal with its transpose, then the diagonal blocks symmetrized. Every write of an entry
+    writes its mirror in the same step from the same block, except where a block above the
+    diagonal overlaps its own transpose; those entries lie in a diagonal block, written after.
 
     With ``per_example``, data of each example alone, ``per_example(args, a)`` for examples ``a``
     (a pytree of ``(n, ...)`` arrays), is computed once per tile side (once with ``a2=None``),
-    and each block is ``fn(args, a1, a2, (e1, e2))`` with its examples' rows ``e1`` and ``e2``;
-    blocks of more than :data:`SHARED_UP_TO` examples are ``fn(args, a1, a2)``.
+    and each block is ``fn(args, a1, a2, (e1, e2))`` with its examples' rows ``e1`` and ``e2``,
+    read into the loop's carry by the step before (read in the step that uses them, XLA would
+    fuse the slicing into each elementwise pass over the pairs); blocks of more than
+    :data:`SHARED_UP_TO` examples are ``fn(args, a1, a2)``.
 
     Example:
         >>> fn = lambda args, a1, a2: a1 @ (a1 if a2 is None else a2).T
@@ -129,29 +127,46 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
     """
 
     def blocked(args, a1, a2):
-        size = block_size(pair_bytes(a1))
-        n1, n2 = a1.shape[0], (a1 if a2 is None else a2).shape[0]
         if not splits(a1, a2, pair_bytes):
             return fn(args, a1, a2)
-        b1 = _blocks(a1, balanced(n1, size))
-        b2 = b1 if a2 is None else _blocks(a2, balanced(n2, size))
-        nb1, nb2 = b1.shape[0], b2.shape[0]
-        rows, cols = np.triu_indices(nb1) if a2 is None else np.divmod(np.arange(nb1 * nb2), nb2)
-        out = _map_blocks(fn, args, b1, b2, rows, cols, per_example)
+        size = block_size(pair_bytes(a1))
+        b = a1 if a2 is None else a2
+        s1, s2 = balanced(a1.shape[0], size), balanced(b.shape[0], size)
+        rows, cols = _order(_starts(a1.shape[0], s1), None if a2 is None else
+                            _starts(b.shape[0], s2))
+        shared = per_example is not None and max(s1, s2) <= SHARED_UP_TO
+        e1 = _per_example_rows(per_example, args, a1, s1) if shared else None
+        e2 = e1 if a2 is None or not shared else _per_example_rows(per_example, args, b, s2)
+        take = lambda tree, start, s: jax.tree.map(
+            lambda leaf: jax.lax.dynamic_slice_in_dim(leaf, start, s), tree)
+        known = lambda i, j: (take(e1, i, s1), take(e2, j, s2)) if shared else None
 
-        def grid(leaf):  # (pairs, s1, s2, ...) -> (n1, n2, ...)
-            if a2 is not None:
-                return _assemble(leaf.reshape(nb1, nb2, *leaf.shape[1:]), n1, n2)
-            index = np.zeros((nb1, nb1), int)  # block (i, j) is pair index[i, j], transposed below
-            index[rows, cols] = index[cols, rows] = np.arange(len(rows))
-            swap = (0, *(p + 1 for p in perm(leaf.ndim - 1)))
-            per_block = lambda mask: mask.reshape(nb1, nb1, *[1] * (leaf.ndim - 1))
-            below = per_block(np.tril(np.ones((nb1, nb1), bool), -1))
-            diagonal = per_block(np.eye(nb1, dtype=bool))
-            swapped = jnp.transpose(leaf, swap)
-            upper = jnp.where(diagonal, symmetrize(leaf, swap)[index], leaf[index])
-            return _assemble(jnp.where(below, swapped[index], upper), n1, n2)
+        def block(i, j, known_ij):
+            x1, x2 = take(a1, i, s1), take(b, j, s2)
+            return fn(args, x1, x2, known_ij) if shared else fn(args, x1, x2)
 
-        return jax.tree.map(grid, out)
+        def write(tile, leaves, i, j):
+            rest = lambda leaf: (jnp.zeros_like(i),) * (leaf.ndim - 2)  # indices of one type
+            return jax.tree.map(lambda t, leaf: jax.lax.dynamic_update_slice(
+                t, leaf, (i, j, *rest(leaf))), tile, leaves)
+
+        def step(carry, ij):  # carry: the tile so far, and the data of block ij
+            tile, known_ij = carry
+            i, j, i_next, j_next = ij
+            out = jax.lax.optimization_barrier(block(i, j, known_ij))
+            if a2 is None:
+                swap = lambda leaf: jnp.transpose(leaf, perm(leaf.ndim))
+                out = jax.lax.cond(i == j, lambda o: jax.tree.map(
+                    lambda leaf: symmetrize(leaf, perm(leaf.ndim)), o), lambda o: o, out)
+                tile = write(tile, jax.tree.map(swap, out), j, i)
+            return (write(tile, out, i, j), known(i_next, j_next)), None
+
+        shapes = jax.eval_shape(block, rows[0], cols[0], known(rows[0], cols[0]))
+        empty = jax.tree.map(
+            lambda leaf: jnp.zeros((a1.shape[0], b.shape[0], *leaf.shape[2:]), leaf.dtype), shapes)
+        ahead = lambda r: np.roll(r, -1)
+        (tile, _), _ = jax.lax.scan(step, (empty, known(rows[0], cols[0])),
+                                    (rows, cols, ahead(rows), ahead(cols)))
+        return tile
 
     return blocked
