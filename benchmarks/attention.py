@@ -8,9 +8,10 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
   steady call of each library as its users make it (``ntbridge.kernel`` of the torch model,
   ``attention="linear"``; NT's jitted ``kernel_fn``, in a child process), calls alternating
   between the two, on the same inputs;
-* ``sandwich``: ``x c y^T`` over ``(N, N, T, T)`` float64 kernels of 4.2M entries (what the
-  linear-scaling layer computes), as broadcast products and as batched matrix products, per
-  ``T``: where ``stax.attention.UNROLLED_TOKENS`` switches from one to the other;
+* ``sandwich``: ``a1[n] c[n, m] a2[m]^T`` (what the linear-scaling layer computes) as
+  ``stax.attention.sandwich``'s batched matrix products against ``2 T`` broadcast products fused
+  by XLA, each form in the program of the linear-scaling network's analytic kernel (N = 128, in
+  the blocks CPUs compute kernels in), called alternately, per ``T``, float64 and float32;
 * ``width sweep``: ``ntbridge.analysis.width_sweep`` of a 2-layer encoder (Embedding + positions,
   mean pooling, Linear) whose heads grow as ``sqrt(width)``: the NTK's relative error per width
   and its fitted slope. Expected: ``-1/4``. A head's channels share its softmax weights, so a
@@ -129,27 +130,44 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def _broadcast_sandwich(a1, c, a2):
+    """``a1[n] c[n, m] a2[m]^T`` as ``2 T`` broadcast products (what XLA fuses into two elementwise
+    passes over ``c``): the form ``stax.attention.sandwich`` is measured against."""
+    t, a2t = c.shape[-1], a2.swapaxes(-1, -2)[None]
+    left = sum(a1[:, None, :, s, None] * c[..., s, None, :] for s in range(t))
+    return sum(left[..., :, r, None] * a2t[..., None, r, :] for r in range(t))
+
+
 def sandwich_rows() -> None:
     import jax
+    import torch
 
+    import ntbridge
+    from ntbridge import analytic
+    from ntbridge.dlpack import precision
+    from ntbridge.specs import Analytic
     from ntbridge.stax import attention
     from run import interleaved_times
 
-    rng = np.random.default_rng(0)
-    default = attention.UNROLLED_TOKENS
-    for n, t in ((512, 4), (128, 16), (64, 32), (32, 64)):
-        c, a = rng.standard_normal((n, n, t, t)), rng.standard_normal((n, t, t))
-        forms = []
-        with jax.enable_x64(True):
-            for limit in (t, 0):  # broadcast products, then matrix products
-                attention.UNROLLED_TOKENS = limit  # read when the program is traced
-                forms.append(jax.jit(lambda c, a: attention.sandwich(a[:, None], c, a[None]))
-                             .lower(c, a).compile())
-            broadcast, matmul = map(statistics.median, interleaved_times(
-                *(lambda f=f: f(c, a) for f in forms), rounds=7))
-        print(f"sandwich N={n} T={t}: broadcast {broadcast * 1e3:.1f} ms, matmul "
-              f"{matmul * 1e3:.1f} ms: {broadcast / matmul:.2f}x")
-    attention.UNROLLED_TOKENS = default
+    for dtype in ("float64", "float32"):
+        for t in (4, 8, 16, 32, 64):
+            x = np.random.default_rng(0).standard_normal((128, t, D)).astype(dtype)
+            graph = ntbridge.convert(linear_model(dtype), attention="linear",
+                                     parameterization="ntk")
+            with precision(getattr(torch, dtype)):
+                task = analytic.task(Analytic(("nngp", "ntk")), graph,
+                                     jax.ShapeDtypeStruct(x.shape, x.dtype), None, "cpu")[0]
+                forms, library = [], attention.sandwich
+                for form in (library, _broadcast_sandwich):
+                    attention.sandwich = form  # read when the program is traced
+                    forms.append(jax.jit(lambda args, a: task.fn(args, a, None))
+                                 .lower(task.args, x).compile())
+                attention.sandwich = library
+                ours, broadcast = map(statistics.median, interleaved_times(
+                    *(lambda f=f: f(task.args, x) for f in forms), rounds=7))
+            print(f"sandwich in the linear-scaling network, N=128 T={t} {dtype}: matrix "
+                  f"products {ours * 1e3:.1f} ms, broadcast products {broadcast * 1e3:.1f} ms: "
+                  f"{ours / broadcast:.2f}x")
 
 
 def sweep_rows(quick: bool) -> None:

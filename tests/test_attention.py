@@ -294,15 +294,18 @@ def test_linear_scaling_is_deterministic_attention():
     torch.testing.assert_close(k[0, 1], expected)
 
 
-@pytest.mark.parametrize("tokens", [3, 32, 33])
-def test_sandwich_is_the_matrix_product_either_way(tokens):
-    """Broadcast products up to UNROLLED_TOKENS, matrix products beyond: the same x c y^T."""
+@pytest.mark.parametrize("tokens", [1, 3, 33])
+def test_sandwich_weighs_each_pair_by_its_two_examples(tokens):
+    """sandwich(a1, c, a2)[n, m] = a1[n] c[n, m] a2[m]^T, each pair with its own examples."""
     rng = np.random.default_rng(0)
-    x, y = (rng.standard_normal((2, 1, tokens, tokens)) for _ in range(2))
+    a1, a2 = rng.standard_normal((2, tokens, tokens)), rng.standard_normal((3, tokens, tokens))
     c = rng.standard_normal((2, 3, tokens, tokens))
     with jax.enable_x64(True):
-        out = np.asarray(sandwich(x, c, y))
-    np.testing.assert_allclose(out, x @ c @ np.swapaxes(y, -1, -2), rtol=1e-12, atol=1e-12)
+        out = np.asarray(sandwich(a1, c, a2))
+    for n in range(2):
+        for m in range(3):
+            np.testing.assert_allclose(out[n, m], a1[n] @ c[n, m] @ a2[m].T, rtol=1e-12,
+                                       atol=1e-12)
 
 
 def test_bad_transformer_inputs_are_named():
