@@ -5,10 +5,9 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
 * ``linear-scaling vs NT``: two tied, ``1/d`` self-attention layers with a ReLU between them
   (``GlobalSelfAttention(linear_scaling=True)``), NTK parameterization, torch's initialisation,
   float64 and float32: the largest relative difference of the NNGP and NTK, and the time of a
-  steady call of each library as its users make it, calls alternating, on the same inputs:
-  ``ntbridge.kernel`` of the torch model (``attention="linear"``; converted at each call,
-  tensors in and out) and the JAX ``kernel_fn`` of the model converted once, against NT's jitted
-  ``kernel_fn`` (in a child process);
+  steady call of each library as its users make it (``ntbridge.kernel`` of the torch model,
+  ``attention="linear"``; NT's jitted ``kernel_fn``, in a child process), calls alternating
+  between the two, on the same inputs;
 * ``sandwich``: ``a1[n] c[n, m] a2[m]^T`` (what the linear-scaling layer computes) as
   ``stax.attention.sandwich``'s batched matrix products against ``2 T`` broadcast products fused
   by XLA, each form in the program of the linear-scaling network's analytic kernel (N = 128, in
@@ -33,14 +32,12 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 # linear-scaling workloads (N, T, dtype): the agreement size, then the sizes users run
-SIZES = [(16, 8, "float64"), (128, 16, "float64"), (128, 16, "float32"), (256, 16, "float64"),
-         (256, 16, "float32")]
+SIZES = [(16, 8, "float64"), (128, 16, "float64"), (128, 16, "float32"), (256, 16, "float64")]
 D, HEADS, ROUNDS = 16, 2, 9
 # torch's initialisation of nn.MultiheadAttention (converters/attention.py): W_std of the
 # queries, keys and values sqrt(1/2), of out_proj sqrt(1/3); NT's tied queries and keys take
@@ -86,7 +83,8 @@ def linear_model(dtype: str):
 
 
 def linear_rows(nt_python: str | None) -> None:
-    import jax
+    import tempfile
+
     import torch
 
     import ntbridge
@@ -94,60 +92,36 @@ def linear_rows(nt_python: str | None) -> None:
     for n, t, dtype in SIZES:
         x = np.random.default_rng(0).standard_normal((n, t, D)).astype(dtype)
         model, inputs = linear_model(dtype), torch.from_numpy(x)
-        graph = ntbridge.convert(model, attention="linear", parameterization="ntk")
-        with jax.enable_x64(dtype == "float64"):  # for this row only
-            a = jax.numpy.asarray(x)
-            ours = {  # the torch front end; the JAX kernel_fn of a model converted once, as NT's
-                "ntbridge.kernel": lambda: ntbridge.kernel(model, inputs, attention="linear",
-                                                           parameterization="ntk"),
-                "kernel_fn": lambda: jax.block_until_ready(graph.kernel_fn(a))}
-            kernels = {name: fn() for name, fn in ours.items()}
-            times = _linear_times(nt_python, (n, t, dtype), ours, kernels)
+        ours = lambda: ntbridge.kernel(model, inputs, attention="linear", parameterization="ntk")
+        kernels = ours()
         label = f"linear-scaling N={n} T={t} {dtype}"
-        if "NT" not in times:
-            print(f"{label}: " + ", ".join(f"{name} {statistics.median(v) * 1e3:.1f} ms"
-                                           for name, v in times.items()) + " (no NT environment)")
+        if nt_python is None:
+            times = [_timed(ours) for _ in range(ROUNDS)]
+            print(f"{label}: ours {statistics.median(times) * 1e3:.1f} ms (no NT environment)")
             continue
-        theirs = statistics.median(times.pop("NT"))
-        for name, v in times.items():
-            mine = statistics.median(v)
-            print(f"{label}, time (median of {ROUNDS}, alternating): {name} {mine * 1e3:.1f} ms, "
-                  f"NT {theirs * 1e3:.1f} ms: {mine / theirs:.2f}x")
-
-
-def _linear_times(nt_python: str | None, workload: tuple, ours: dict, kernels: dict) -> dict:
-    """Wall times of each of ``ours`` and, with ``nt_python``, of NT's ``kernel_fn`` on the same
-    workload, called in turn ``ROUNDS`` times (all see the same load); prints how far each of
-    ``kernels`` is from NT's."""
-    times = {name: [] for name in ours}
-    if nt_python is None:
-        for _ in range(ROUNDS):
-            for name, fn in ours.items():
-                times[name].append(_timed(fn))
-        return times
-    n, t, dtype = workload
-    with tempfile.TemporaryDirectory() as folder:
-        path = f"{folder}/nt.npz"
-        nt = subprocess.Popen([nt_python, "-c", NT_SERVER, json.dumps(
-            [n, t, D, HEADS, dtype, STDS["qk"], STDS["v"], STDS["o"], path])],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        nt.stdout.readline()  # compiled, kernels saved
-        reference = np.load(path)
-        for source, k in kernels.items():
+        with tempfile.TemporaryDirectory() as folder:
+            path = f"{folder}/nt.npz"
+            nt = subprocess.Popen([nt_python, "-c", NT_SERVER, json.dumps(
+                [n, t, D, HEADS, dtype, STDS["qk"], STDS["v"], STDS["o"], path])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True)
+            nt.stdout.readline()  # compiled, kernels saved
+            reference = np.load(path)
             for name in ("nngp", "ntk"):
-                ref, got = reference[name], np.asarray(getattr(k, name))
-                print(f"linear-scaling N={n} T={t} {dtype}, {source} {name}: max relative "
-                      f"difference to NT {np.abs(got - ref).max() / np.abs(ref).max():.2e}")
-        times["NT"] = []
-        for _ in range(ROUNDS):
-            for name, fn in ours.items():
-                times[name].append(_timed(fn))
-            nt.stdin.write("go\n")
-            nt.stdin.flush()
-            times["NT"].append(float(nt.stdout.readline()))
-        nt.stdin.close()
-        nt.wait()
-    return times
+                ref, got = reference[name], getattr(kernels, name).numpy()
+                diff = np.abs(got - ref).max() / np.abs(ref).max()
+                print(f"{label}, {name}: max relative difference to NT {diff:.2e}")
+            ours_times, nt_times = [], []
+            for _ in range(ROUNDS):  # alternating: both see the same load
+                ours_times.append(_timed(ours))
+                nt.stdin.write("go\n")
+                nt.stdin.flush()
+                nt_times.append(float(nt.stdout.readline()))
+            nt.stdin.close()
+            nt.wait()
+        mine, theirs = statistics.median(ours_times), statistics.median(nt_times)
+        print(f"{label}, time (median of {ROUNDS}, alternating): ours {mine * 1e3:.1f} ms, NT "
+              f"{theirs * 1e3:.1f} ms: {mine / theirs:.2f}x")
 
 
 def _timed(fn) -> float:

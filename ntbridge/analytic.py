@@ -102,38 +102,17 @@ def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStru
         return (Task(("analytic_by_layer", graph.architecture, owners),
                      _by_layer_fn(graph, owners), perm, args, pairwise=network.pairwise),
                 tuple(graph.layers[j].name for j in owners))
-    fn, exactly_symmetric = tile_kernels(graph, spec.get, platform)
-    return Task(("analytic", graph.architecture, spec.get, blocked(network, platform)), fn, perm,
-                args, pairwise=network.pairwise, exactly_symmetric=exactly_symmetric,
-                program_kind=functools.partial(program_kind, network),
-                compute_bound=network.replicates > 0), None
-
-
-def blocked(network: Layer, platform: str) -> bool:
-    """Whether the kernels of ``network`` on ``platform`` are computed in cache-sized blocks."""
-    return platform == "cpu" and network.pairwise
-
-
-def tile_kernels(graph, get, platform: str):
-    """``(fn, exactly_symmetric)``: ``fn(args, a1, a2)``, the kernels ``get`` of ``graph`` (a
-    :class:`~ntbridge.Graph`; ``args = {"hyper": graph.hyper_args(dtype)}``) for inputs a1 and a2
-    (None: a1 with itself), on CPUs in cache-sized blocks sharing each example's own covariances
-    (module doc); ``exactly_symmetric(a1)``: whether ``fn(args, a1, None)`` of inputs like a1 (a
-    shape and dtype) already is exactly symmetric.
-
-    Example:
-        >>> fn, _ = tile_kernels(graph, ("nngp", "ntk"), "cpu")
-        >>> fn({"hyper": graph.hyper_args(jnp.float32)}, a1, None).ntk.shape
-        (8, 8)
-    """
-    network = graph.network
+    get = spec.get
     fn = lambda args, a1, a2, covs=None: kernels(network, a1, a2, get, covs, args["hyper"])
-    if not blocked(network, platform):
-        return fn, lambda a1: False
+    blocks = platform == "cpu" and network.pairwise
     pair_bytes = functools.partial(_pair_bytes_of, graph)
     own = functools.partial(_own_covariances, network)
-    return (in_blocks(fn, pair_bytes, perm_of(network), own),
-            lambda a1: splits(a1, None, pair_bytes))
+    return Task(("analytic", graph.architecture, get, blocks),
+                in_blocks(fn, pair_bytes, perm, own) if blocks else fn, perm, args,
+                pairwise=network.pairwise,
+                exactly_symmetric=lambda a1: blocks and splits(a1, None, pair_bytes),
+                program_kind=functools.partial(program_kind, network),
+                compute_bound=network.replicates > 0), None
 
 
 def _by_layer_fn(graph, owners: tuple[int, ...]):

@@ -11,12 +11,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import analytic, programs
-from ..devices import platform_of
+from .. import programs
 from ..errors import InitMismatchWarning, InputError, NtbridgeError, UnsupportedLayerError, warn
 from ..results import Kernels
 from ..specs import KERNEL_NAMES
 from ..stax import INPUT, Layer, dag
+from ..stax.covariances import evaluate
+from ..stax.kernel import swap_perm
 from ..tiling.arrays import symmetrize
 from .graph_ops import GraphFeatures
 from .registry import Context, Options, as_float, find_converter, init_mismatch, supported_types
@@ -243,8 +244,7 @@ class Graph:
 
     def kernel_fn(self, x1: jax.Array, x2: jax.Array | None = None,
                   get: str | tuple[str, ...] = KERNEL_NAMES):
-        """Infinite-width kernels of the outputs, ``(N1, N2)`` per output unit (jit-compiled; on
-        CPUs in cache-sized blocks, as :func:`ntbridge.kernel` computes them).
+        """Infinite-width kernels of the outputs, ``(N1, N2)`` per output unit (jit-compiled).
 
         ``get`` is ``"nngp"``, ``"ntk"`` (an array) or a tuple of them (a :class:`Kernels`).
         With ``x2=None`` the result is exactly symmetric. The first call warns
@@ -252,19 +252,15 @@ class Graph:
         torch-initialised clearly are not.
         """
         self.check_init()
+
         names = (get,) if isinstance(get, str) else tuple(get)
         hyper = self.hyper_args(x1.dtype)
-        platform = platform_of(x1)
-        fn, exactly_symmetric = analytic.tile_kernels(self, names, platform)
-        key = programs.ProgramKey.of("kernel_fn", (self.architecture, names, analytic.blocked(
-            self.network, platform)), (x1, x2, hyper))
-        run = lambda x1, x2, hyper: fn({"hyper": hyper}, x1, x2)._asdict()
+        key = programs.ProgramKey.of("kernel_fn", (self.architecture, names), (x1, x2, hyper))
+        run = lambda x1, x2, hyper: evaluate(self.network, x1, x2, names, None, hyper)
         out = programs.cached(key, lambda: jax.jit(run))(x1, x2, hyper)
-        if x2 is None and not exactly_symmetric(x1):
-            perm = analytic.perm_of(self.network)
-            out = {n: None if a is None else symmetrize(a, perm(a.ndim))  # op by op: exact
-                   for n, a in out.items()}
-        return Kernels.pick(out, get)
+        diagonal = not self.network.full_spatial
+        sym = lambda a: a if x2 is not None else symmetrize(a, swap_perm(a.ndim, diagonal))
+        return Kernels.pick(jax.tree.map(sym, out), get)  # op by op, so exactly symmetric
 
     def check_init(self) -> None:
         """Warn once (:class:`~ntbridge.errors.InitMismatchWarning`) if weights the analytic kernel

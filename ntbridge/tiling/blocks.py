@@ -102,9 +102,10 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
     pair; ``perm(ndim)`` exchanges x1 and x2 in a leaf. Tiles no larger than a block are computed
     as they are; others (see :func:`splits`) in one loop that carries the tile and writes each
     block into it in place (no stacked copy of the blocks to assemble afterwards). A block is
-    materialised before it is written (an in-place write of a computation would run it on one
-    thread, and its mirror would compute it twice). The last block of a side ends at its last
-    example, overlapping the one before it rather than padded.
+    materialised before it is written: XLA would otherwise run its computation inside the
+    in-place write, on one thread, and again, rounded differently, in its mirror and its
+    symmetrization. The last block of a side ends at its last example, overlapping the one
+    before it rather than padded.
 
     With ``a2=None`` the tile comes out exactly symmetric: the loop writes each block above the
     diagonal with its transpose, then the diagonal blocks symmetrized. Every write of an entry
