@@ -359,6 +359,43 @@ def test_bad_transformer_inputs_are_named():
         ntbridge.ntk(nn.Sequential(nn.Linear(3, 2)), torch.ones(2, 3, dtype=torch.long))
 
 
+def test_per_token_layers_without_attention_act_on_each_token():
+    """nn.Linear reads sequences (N, T, d) features last, as torch applies it: the kernel of a
+    per-token MLP is, token by token, the MLP's kernel of that token's vectors (exactly: the same
+    rule on the same numbers), and a Flatten head averages it over the tokens."""
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 32), nn.GELU(),
+                        nn.Linear(32, 1)).double()
+    x, y = torch.randn(5, 4, 6, dtype=torch.float64), torch.randn(3, 4, 6, dtype=torch.float64)
+    tokens = ntbridge.kernel(mlp, x, y)  # (N1, N2, T): each token with the same token
+    assert tokens.ntk.shape == (5, 3, 4)
+    for t in range(4):
+        k = ntbridge.kernel(mlp, x[:, t], y[:, t])
+        torch.testing.assert_close(tokens.nngp[..., t], k.nngp, rtol=1e-13, atol=0)
+        torch.testing.assert_close(tokens.ntk[..., t], k.ntk, rtol=1e-13, atol=0)
+    flat = nn.Sequential(mlp[:4], nn.Flatten(), nn.Linear(4 * 32, 1, bias=False)).double()
+    per_token = nn.Sequential(mlp[:4], nn.Linear(32, 1, bias=False)).double()
+    torch.testing.assert_close(ntbridge.nngp(flat, x, y),
+                               ntbridge.nngp(per_token, x, y).mean(-1), rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("layer", [nn.Conv1d(4, 2, 3), nn.ConvTranspose1d(4, 2, 3),
+                                   nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(1),
+                                   nn.BatchNorm1d(4).eval(), nn.Upsample(scale_factor=2),
+                                   nn.Unflatten(2, (2, 4))], ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("before", ["attention", "Linear"])
+def test_channels_first_layers_refuse_sequences(layer, before):
+    """After attention or a per-token Linear, a layer torch applies channels first (its channels
+    the tokens) has no kernel rule: refused by name, not computed on the wrong axes."""
+    first = Attention(8, 2) if before == "attention" else nn.Linear(8, 8)
+    with pytest.raises(errors.UnsupportedLayerError,
+                       match=rf"module 1 '1' \({type(layer).__name__}\): its input here is a "
+                             rf"sequence \(N, T, d\), features last"):
+        ntbridge.ntk(nn.Sequential(first, layer), torch.randn(3, 4, 8), attention="linear")
+    conv_first = nn.Sequential(nn.Conv1d(4, 6, 3), nn.ReLU(), nn.Flatten(), nn.Linear(36, 1))
+    assert ntbridge.ntk(conv_first, torch.randn(3, 4, 8)).shape == (3, 3)  # channels first
+
+
 @pytest.mark.slow
 def test_gradients_of_the_kernel_are_those_of_its_estimate():
     # d/dx of the softmax attention's NTK (fixed rule points: a smooth function of x) against

@@ -14,7 +14,7 @@ from .dropout import Dropout
 from .graph import Aggregate, GraphFeatures, InputAggregate
 from .indexing import FanInStack, Index, Reduce, Unsqueeze
 from .embedding import Embedding, Positions
-from .kernel import Kernel, input_kernel
+from .kernel import Kernel, features_last_kernel, input_kernel, sequence_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer, with_hyper
 from .normalization import BatchNorm, ChannelMoments, LayerNorm
 from .piecewise import Piece, Pieces
@@ -22,7 +22,7 @@ from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, LPPool1, MaxPool
 from .products import FanInProd
 from .reshape import Flatten, Unflatten
 from .resize import PixelShuffle, PixelUnshuffle, Upsample
-from .sequence import TokenMean, TokenSelect, sequence_kernel
+from .sequence import TokenMean, TokenSelect
 from .softmax_moments import Rule
 from .transpose import ConvTranspose
 
@@ -35,4 +35,5 @@ __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
            "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "Rule",
            "Scale", "SelfAttention", "Sign", "Sin", "Stds", "TokenMean", "TokenSelect",
            "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag", "elementwise",
-           "input_kernel", "parallel", "sequence_kernel", "serial", "with_hyper"]
+           "features_last_kernel", "input_kernel", "parallel", "sequence_kernel", "serial",
+           "with_hyper"]

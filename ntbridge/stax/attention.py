@@ -37,9 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
-from .kernel import Kernel
+from .kernel import Kernel, sequence_kernel
 from .layers import Layer, _sample, dense_rule
-from .sequence import sequence_kernel
 from .softmax_moments import Blocks, Rule, masked_softmax, normal_points, pair_moments, psd_factor
 
 

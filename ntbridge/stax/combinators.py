@@ -74,9 +74,10 @@ def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
         hyper = (None,) * len(layers) if hyper is None else hyper
         return _run([with_hyper(layer, h) for layer, h in zip(layers, hyper)], inputs, k, after)
 
-    # the layers reading the input say how, else any layer that needs sequences (attention)
+    # the layers reading the input say how, else any layer mixing positions that needs sequences
+    # (attention; not a Linear head after a convolution)
     readers = [layer.input_kernel for layer, i in zip(layers, inputs) if INPUT in i]
-    readers += [layer.input_kernel for layer in layers]
+    readers += [layer.input_kernel for layer in layers if layer.full_spatial]
     return Layer(init_fn, apply_fn, kernel_fn, any(layer.full_spatial for layer in layers),
                  pairwise=all(layer.pairwise for layer in layers),
                  hyper=tuple(layer.hyper for layer in layers),

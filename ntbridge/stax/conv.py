@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import InputError, ShapeError
 from .kernel import Kernel, map_arrays, spatial_axes
-from .layers import Layer, Outer, _sample, affine_hyper, affine_ntk
+from .layers import Layer, Outer, _sample, affine_hyper, affine_ntk, channels_first
 
 # torch padding_mode -> jnp.pad mode
 PADDING_MODES = {"zeros": "constant", "circular": "wrap", "reflect": "reflect", "replicate": "edge"}
@@ -254,4 +254,5 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
         outer = {"weight": Outer(patches.reshape(n, groups * positions, -1), group_rows)}
         return {**outer, "bias": Outer(None, rows)} if has_bias else outer
 
-    return Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True, hyper=hyper)
+    return channels_first(Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True,
+                                hyper=hyper))

@@ -21,6 +21,8 @@ import string
 import jax
 import jax.numpy as jnp
 
+from ..errors import ShapeError
+
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
@@ -127,6 +129,39 @@ def input_kernel(x1: jax.Array, x2: jax.Array | None, *, compute_ntk: bool,
         cov2=cov1 if x1_is_x2 else cov(x2),
         shape1=tuple(x1.shape), shape2=tuple(x2.shape),
         x1_is_x2=x1_is_x2, is_gaussian=False, diagonal_spatial=diagonal_spatial)
+
+
+def sequence_kernel(x1: jax.Array, x2: jax.Array | None, *, compute_ntk: bool,
+                    diagonal_spatial: bool) -> Kernel:
+    """The kernel of sequences ``(N, T, d)``: ``x1[n, t] . x2[m, t'] / d`` for every token pair
+    (only ``t = t'`` when ``diagonal_spatial``).
+
+    Example:
+        >>> sequence_kernel(jnp.ones((2, 5, 3)), None, compute_ntk=False,
+        ...                 diagonal_spatial=False).nngp.shape
+        (2, 2, 5, 5)
+    """
+    if x1.ndim != 3:
+        raise ShapeError(f"sequence models take inputs (N, T, features), got {tuple(x1.shape)}")
+    swap = lambda x: None if x is None else jnp.swapaxes(x, 1, 2)
+    k = input_kernel(swap(x1), swap(x2), compute_ntk=compute_ntk, diagonal_spatial=diagonal_spatial)
+    return k.replace(shape1=tuple(x1.shape), shape2=tuple((x1 if x2 is None else x2).shape),
+                     tokens=True)
+
+
+def features_last_kernel(x1: jax.Array, x2: jax.Array | None, *, compute_ntk: bool,
+                         diagonal_spatial: bool) -> Kernel:
+    """The kernel of inputs read features last (``nn.Linear``, ``nn.LayerNorm(d)``): sequences
+    ``(N, T, d)`` keep their token pairs (:func:`sequence_kernel`), as torch applies these layers
+    to each token; other inputs as :func:`input_kernel`.
+
+    Example:
+        >>> features_last_kernel(jnp.ones((2, 5, 3)), None, compute_ntk=False,
+        ...                      diagonal_spatial=False).tokens
+        True
+    """
+    read = sequence_kernel if x1.ndim == 3 else input_kernel
+    return read(x1, x2, compute_ntk=compute_ntk, diagonal_spatial=diagonal_spatial)
 
 
 def spatial_axes(n_batch: int, ndim: int, diagonal_spatial: bool) -> list[tuple[int, ...]]:

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
-from .kernel import Kernel
+from .kernel import Kernel, features_last_kernel
 
 Shape = tuple[int, ...]
 PARAMETERIZATIONS = ("standard", "ntk")
@@ -98,6 +98,28 @@ def with_hyper(layer: Layer, hyper: Any = None) -> Callable[[Kernel], Kernel]:
     if hyper is None or not layer.hyper:
         return layer.kernel_fn
     return lambda k: layer.kernel_fn(k, hyper)
+
+
+def channels_first(layer: Layer) -> Layer:
+    """``layer``, whose rule reads kernels of channels-first inputs ``(N, C, *S)`` (convolutions,
+    pooling, BatchNorm, resizing), refusing kernels of sequences ``(N, T, d)``, features last,
+    which torch would read with the tokens as channels.
+
+    Example:
+        >>> channels_first(Conv(8, 4, (3,), ...)).kernel_fn(sequence_kernel(x, None, ...))
+        UnsupportedLayerError: its input here is a sequence (N, T, d) ...
+    """
+
+    def kernel_fn(k: Kernel, *hyper):
+        if k.tokens:
+            raise UnsupportedLayerError(
+                "its input here is a sequence (N, T, d), features last (the output of attention, "
+                "an embedding or a per-token layer), which torch reads channels first, the tokens "
+                "as channels: that has no kernel rule here. Put the layer before the sequence "
+                "part of the model, or use ntbridge.empirical_ntk.")
+        return layer.kernel_fn(k, *hyper)
+
+    return layer._replace(kernel_fn=kernel_fn)
 
 
 def affine_hyper(W_std: float, b_std: float | None) -> dict[str, float]:
@@ -190,8 +212,8 @@ def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | N
         if len(k.shape1) != 2 and not k.tokens:
             raise UnsupportedLayerError(
                 f"Linear on inputs of shape {k.shape1} has no kernel rule here: the analytic "
-                f"kernel needs (N, features) inputs or sequences (N, T, features) (add "
-                f"nn.Flatten() before it).")
+                f"kernel needs (N, features) inputs or sequences (N, T, features), not "
+                f"channels-first ones (add nn.Flatten() before it).")
         return dense_rule(k, in_features, out_features, hyper["W_std"], hyper.get("b_std"),
                           parameterization)
 
@@ -200,7 +222,8 @@ def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | N
         outer = {"weight": Outer(rows(x), rows)}
         return {**outer, "bias": Outer(None, rows)} if has_bias else outer
 
-    return Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True, hyper=hyper)
+    return Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True, hyper=hyper,
+                 input_kernel=features_last_kernel)
 
 
 def Identity() -> Layer:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel, _diagonal_variances
-from .layers import Layer
+from .layers import Layer, channels_first
 
 
 def LayerNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | None = None,
@@ -57,10 +57,10 @@ def LayerNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | Non
         per_token = len(k.shape1) - n_axes == 2
         if per_token and not k.tokens:
             raise ShapeError(
-                f"LayerNorm{tuple(normalized_shape)} of inputs {k.shape1} normalizes each "
-                f"position's features: a kernel rule for sequences (N, T, d) of a sequence model "
-                f"(with attention or an embedding); otherwise it must be the whole per-example "
-                f"shape.")
+                f"LayerNorm{tuple(normalized_shape)} of inputs {k.shape1} normalizes the last "
+                f"axis: a kernel rule for sequences (N, T, d), features last, but its input here "
+                f"is channels first, its last axis positions. Normalize the whole per-example "
+                f"shape, or use ntbridge.empirical_ntk.")
         if not k.is_gaussian:
             raise UnsupportedLayerError(
                 "LayerNorm's kernel rule needs a zero-mean Gaussian input (the output of a "
@@ -187,4 +187,4 @@ def BatchNorm(eps: float, moments: ChannelMoments | None) -> Layer:
         return y + params["bias"].reshape(shape) if "bias" in params else y
 
     kernel_fn = _batch_statistics_refused if moments is None else _eval_rule(moments)
-    return Layer(lambda key, shape: (tuple(shape), {}), apply_fn, kernel_fn)
+    return channels_first(Layer(lambda key, shape: (tuple(shape), {}), apply_fn, kernel_fn))

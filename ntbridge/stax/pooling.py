@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import ShapeError, UnsupportedLayerError
 from .conv import as_tuple, check_spatial_input, contract, window_count, window_reduce
 from .kernel import Kernel, map_arrays, spatial_axes
-from .layers import Layer
+from .layers import Layer, channels_first
 
 Matrices = Callable[[tuple[int, ...]], list[np.ndarray]]
 
@@ -108,8 +108,8 @@ def separable_linear(ndim: int | None, matrices: Matrices, name: str,
         return map_arrays(k, fn).replace(shape1=(*k.shape1[:2], *out), shape2=(*k.shape2[:2], *out))
 
     out_spatial = lambda spatial: _out_spatial(matrices(spatial), spatial)
-    return Layer(_same_channels(ndim, out_spatial), apply_fn, kernel_fn,
-                 full_spatial=not one_per_row, affine=True)
+    return channels_first(Layer(_same_channels(ndim, out_spatial), apply_fn, kernel_fn,
+                                full_spatial=not one_per_row, affine=True))
 
 
 def AvgPool(kernel_size: Sequence[int], stride: Sequence[int] | int | None = None,

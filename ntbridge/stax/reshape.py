@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel, map_arrays, reshape_spatial
-from .layers import Layer
+from .layers import Layer, channels_first
 
 
 def axis_of(dim: int, rank: int, arg: str) -> int:
@@ -100,5 +100,6 @@ def Unflatten(dim: int, sizes: Sequence[int]) -> Layer:
                 f"a spatial dim, or use ntbridge.empirical_ntk / ntbridge.monte_carlo.")
         return reshaped(k, out_shape(k.shape1), out_shape(k.shape2))
 
-    return Layer(lambda key, shape: (out_shape(tuple(shape)), {}),
-                 lambda params, x: x.reshape(out_shape(x.shape)), kernel_fn, affine=True)
+    return channels_first(Layer(lambda key, shape: (out_shape(tuple(shape)), {}),
+                                lambda params, x: x.reshape(out_shape(x.shape)), kernel_fn,
+                                affine=True))

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import InputError, ShapeError, UnsupportedLayerError
 from .conv import as_tuple
 from .kernel import Kernel, map_arrays, spatial_axes
-from .layers import Layer
+from .layers import Layer, channels_first
 from .pooling import adaptive_matrix, separable_linear
 
 # interpolating modes and the number of spatial dims torch takes them for
@@ -183,7 +183,8 @@ def _pixel_layer(factor: int, up: bool) -> Layer:
         return map_arrays(k, fn).replace(shape1=shape1, shape2=shape2,
                                          is_gaussian=k.is_gaussian and up)
 
-    return Layer(lambda key, shape: (out_shape(tuple(shape)), {}), apply_fn, kernel_fn, affine=True)
+    return channels_first(Layer(lambda key, shape: (out_shape(tuple(shape)), {}), apply_fn,
+                                kernel_fn, affine=True))
 
 
 def PixelShuffle(upscale_factor: int) -> Layer:

@@ -12,26 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
-from .kernel import Kernel, input_kernel, spatial_diagonal
+from .kernel import Kernel, spatial_diagonal
 from .layers import Layer
-
-
-def sequence_kernel(x1: jax.Array, x2: jax.Array | None, *, compute_ntk: bool,
-                    diagonal_spatial: bool) -> Kernel:
-    """The kernel of sequences ``(N, T, d)``: ``x1[n, t] . x2[m, t'] / d`` for every token pair
-    (only ``t = t'`` when ``diagonal_spatial``).
-
-    Example:
-        >>> sequence_kernel(jnp.ones((2, 5, 3)), None, compute_ntk=False,
-        ...                 diagonal_spatial=False).nngp.shape
-        (2, 2, 5, 5)
-    """
-    if x1.ndim != 3:
-        raise ShapeError(f"sequence models take inputs (N, T, features), got {tuple(x1.shape)}")
-    swap = lambda x: None if x is None else jnp.swapaxes(x, 1, 2)
-    k = input_kernel(swap(x1), swap(x2), compute_ntk=compute_ntk, diagonal_spatial=diagonal_spatial)
-    return k.replace(shape1=tuple(x1.shape), shape2=tuple((x1 if x2 is None else x2).shape),
-                     tokens=True)
 
 
 def _tokens_only(k: Kernel, name: str) -> None:

@@ -32,7 +32,7 @@ from ..errors import InputError
 from .conv import (affine_output, as_tuple, conv_init_fn, contract, window_matrix,
                    window_reduce)
 from .kernel import Kernel, map_arrays, spatial_axes
-from .layers import Layer, affine_hyper
+from .layers import Layer, affine_hyper, channels_first
 
 
 def transpose_pads(size: int, padding: int, output_padding: int, dilation: int) -> tuple[int, int]:
@@ -147,4 +147,4 @@ def ConvTranspose(in_channels: int, out_channels: int, kernel_size: Sequence[int
         return affine_output(k, hyper["W_std"], hyper.get("b_std"), fan_in, parameterization,
                              out_channels, out_spatial)
 
-    return Layer(init_fn, apply_fn, kernel_fn, affine=True, hyper=hyper)
+    return channels_first(Layer(init_fn, apply_fn, kernel_fn, affine=True, hyper=hyper))
