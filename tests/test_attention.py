@@ -378,6 +378,48 @@ def test_per_token_layers_without_attention_act_on_each_token():
     torch.testing.assert_close(ntbridge.nngp(flat, x, y),
                                ntbridge.nngp(per_token, x, y).mean(-1), rtol=1e-13, atol=0)
 
+    class MeanHead(nn.Module):  # x.mean(1) needs token pairs these kernels do not keep
+        def __init__(self):
+            super().__init__()
+            self.mlp = mlp
+
+        def forward(self, x):
+            return self.mlp(x).mean(1)
+
+    with pytest.raises(errors.UnsupportedLayerError, match=r"flatten the tokens \(x.flatten"):
+        ntbridge.ntk(MeanHead(), x)
+
+
+class Joined(nn.Module):
+    """Attention and a per-token Linear of the same sequences, concatenated along ``dim``."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.attn, self.proj, self.dim = Attention(8, 2), nn.Linear(8, 8), dim
+
+    def forward(self, x):
+        return torch.cat([self.attn(x), self.proj(x)], dim=self.dim)
+
+
+@pytest.mark.parametrize("dim", [1, 2, -1])
+def test_sequences_concatenate_along_tokens_or_features(dim):
+    """torch.cat of sequences (N, T, d): along the features (dim 2 or -1) the channel-weighted
+    average of the branches' kernels, along the tokens (dim 1) each branch's kernel on its own
+    tokens and zero across (the branches end in independent Linear layers)."""
+    torch.manual_seed(0)
+    model = Joined(dim).double()
+    x, y = torch.randn(3, 4, 8, dtype=torch.float64), torch.randn(2, 4, 8, dtype=torch.float64)
+    kernel = lambda m: ntbridge.nngp(m, x, y, attention="linear")
+    a = kernel(model.attn)  # (3, 2, 4, 4)
+    # the Linear's NNGP of every token pair, torch's init: W_std^2 = 1/3, b_std^2 = 1/(3 * 8)
+    b = torch.einsum("ntd,msd->nmts", x, y) / (3 * 8) + 1 / 24
+    if dim == 1:
+        expected = torch.zeros(3, 2, 8, 8, dtype=torch.float64)
+        expected[..., :4, :4], expected[..., 4:, 4:] = a, b
+    else:
+        expected = (a + b) / 2
+    torch.testing.assert_close(kernel(model), expected, rtol=1e-13, atol=1e-15)
+
 
 @pytest.mark.parametrize("layer", [nn.Conv1d(4, 2, 3), nn.ConvTranspose1d(4, 2, 3),
                                    nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(1),

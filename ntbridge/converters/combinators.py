@@ -85,7 +85,8 @@ def along_positions_if_uncorrelated(layer: stax.Layer, dim: int, correlated: str
         return layer
 
     def kernel_fn(ks):
-        if dim % (len(ks[0].shape1) + stacked) >= 2 and not ks[0].diagonal_spatial:
+        axis = dim % (len(ks[0].shape1) + stacked)
+        if axis != (1 if stacked else ks[0].channel_axis) and not ks[0].diagonal_spatial:
             raise UnsupportedLayerError(
                 f"{correlated}, and {'stacked' if stacked else 'concatenated'} along positions "
                 f"their cross-covariances enter the kernel, known only for uncorrelated branches "

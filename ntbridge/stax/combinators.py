@@ -204,11 +204,12 @@ def concat_kernels(ks: Sequence[Kernel], axis: int) -> Kernel:
     same_shapes([k.shape1 for k in ks], skip_axis=axis)
     sizes = [k.shape1[axis] for k in ks]
     grow = lambda s: (*s[:axis], sum(sizes), *s[axis + 1:])
-    if axis == 1:
+    if axis == ks[0].channel_axis:
         out = _combine(ks, [c / sum(sizes) for c in sizes], False)
     else:
         join = lambda field, n_batch: _join_positions([getattr(k, field) for k in ks], n_batch,
-                                                      axis - 2, sizes, ks[0].diagonal_spatial)
+                                                      ks[0].position(axis), sizes,
+                                                      ks[0].diagonal_spatial)
         ntk = None if any(k.ntk is None for k in ks) else join("ntk", 2)
         out = ks[0].replace(nngp=join("nngp", 2), ntk=ntk, cov1=join("cov1", 1),
                             cov2=join("cov2", 1), is_gaussian=all(k.is_gaussian for k in ks))
@@ -218,7 +219,8 @@ def concat_kernels(ks: Sequence[Kernel], axis: int) -> Kernel:
 def FanInConcat(axis: int = 1) -> Layer:
     """Concatenation of a tuple of inputs along ``axis`` (torch's ``torch.cat(xs, dim=axis)``).
 
-    Kernel rule along the channel axis 1: the channel-weighted average of the branches' kernels
+    Kernel rule along the channel axis (1, or the last of sequences ``(N, T, d)``): the
+    channel-weighted average of the branches' kernels
     ``sum_i C_i K_i / sum_i C_i``, exact for any correlation between the branches; its channels are
     no longer identically distributed, so the result only feeds affine layers (is_gaussian False).
     Along a spatial axis: each branch's kernel on its own positions, and zero between positions of

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import ShapeError, UnsupportedLayerError
 from .combinators import concat_kernels, same_shapes
 from .kernel import Kernel, map_arrays
-from .layers import Layer
+from .layers import Layer, channels_first
 from .pooling import separable_linear
 from .reshape import Flatten, axis_of, reshaped
 from .sequence import TokenMean, TokenSelect
@@ -206,8 +206,8 @@ def Unsqueeze(dim: int) -> Layer:
         return x.reshape(_inserted(x.shape, dim))
 
     kernel_fn = lambda k: reshaped(k, _inserted(k.shape1, dim), _inserted(k.shape2, dim))
-    return Layer(lambda _, shape: (_inserted(tuple(shape), dim), {}), apply_fn, kernel_fn,
-                 affine=True)
+    return channels_first(Layer(lambda _, shape: (_inserted(tuple(shape), dim), {}), apply_fn,
+                                kernel_fn, affine=True))
 
 
 def FanInStack(dim: int) -> Layer:
@@ -231,4 +231,5 @@ def FanInStack(dim: int) -> Layer:
         ks = [Unsqueeze(dim).kernel_fn(k) for k in ks]
         return concat_kernels(ks, axis_of(dim, len(ks[0].shape1), "dim"))
 
-    return Layer(init_fn, lambda params, xs: jnp.stack(xs, dim), kernel_fn, affine=True)
+    return channels_first(Layer(init_fn, lambda params, xs: jnp.stack(xs, dim), kernel_fn,
+                                affine=True))

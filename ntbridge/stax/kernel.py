@@ -72,6 +72,15 @@ class Kernel:
     def spatial_shape(self) -> tuple[int, ...]:
         return self.shape1[1:-1] if self.tokens else self.shape1[2:]
 
+    @property
+    def channel_axis(self) -> int:
+        """The axis of the outputs' channels: 1, or the last of sequences (``tokens``)."""
+        return len(self.shape1) - 1 if self.tokens else 1
+
+    def position(self, axis: int) -> int:
+        """Which spatial dimension (of :attr:`spatial_shape`) the outputs' ``axis`` is."""
+        return axis - 1 if self.tokens else axis - 2
+
 
 jax.tree_util.register_dataclass(
     Kernel,

@@ -110,8 +110,8 @@ def channels_first(layer: Layer) -> Layer:
         UnsupportedLayerError: its input here is a sequence (N, T, d) ...
     """
 
-    def kernel_fn(k: Kernel, *hyper):
-        if k.tokens:
+    def kernel_fn(k: Kernel | tuple[Kernel, ...], *hyper):
+        if (k[0] if isinstance(k, tuple) else k).tokens:
             raise UnsupportedLayerError(
                 "its input here is a sequence (N, T, d), features last (the output of attention, "
                 "an embedding or a per-token layer), which torch reads channels first, the tokens "

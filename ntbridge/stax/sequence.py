@@ -42,8 +42,11 @@ def TokenMean() -> Layer:
     def kernel_fn(k: Kernel) -> Kernel:
         _tokens_only(k, "the mean over tokens")
         if k.diagonal_spatial:
-            raise UnsupportedLayerError("the mean over tokens needs the covariance of every pair "
-                                        "of tokens (diagonal_spatial=False)")
+            raise UnsupportedLayerError(
+                "the mean over tokens needs the covariance of every pair of tokens, which kernels "
+                "keep in models with attention or an nn.Embedding; one of per-token layers alone "
+                "keeps each token's with the same token. Take one token (x[:, 0]) or flatten the "
+                "tokens (x.flatten(1)) before the head, or use ntbridge.empirical_ntk.")
         return _head(k, lambda a, n: a.mean((n, n + 1)))
 
     return Layer(lambda key, shape: ((shape[0], shape[-1]), {}), lambda params, x: x.mean(1),
