@@ -61,7 +61,7 @@ def trace(model: nn.Module) -> fx.Graph:
         ['placeholder', 'call_module', 'output']
     """
     try:
-        graph = fx.GraphModule(model, _Tracer(model).trace(model)).graph
+        graph = _Tracer(model).trace(model)
     except Exception as e:  # fx raises many types; none of them is the user's fault but the model's
         raise ConversionError(
             f"torch.fx could not trace {type(model).__name__}.forward ({type(e).__name__}: {e}). "
@@ -69,6 +69,7 @@ def trace(model: nn.Module) -> fx.Graph:
             f"the model as an nn.Sequential of supported modules, or register a converter for the "
             f"module that cannot be traced (ntbridge.register_converter) so that it is kept whole."
         ) from e
+    graph.owning_module = model  # whose modules say whether calling them is pure
     graph.eliminate_dead_code()
     return graph
 
