@@ -160,9 +160,9 @@ def sequence_kernel(x1: jax.Array, x2: jax.Array | None, *, compute_ntk: bool,
 
 def features_last_kernel(x1: jax.Array, x2: jax.Array | None, *, compute_ntk: bool,
                          diagonal_spatial: bool) -> Kernel:
-    """The kernel of inputs read features last (``nn.Linear``, ``nn.LayerNorm(d)``): sequences
-    ``(N, T, d)`` keep their token pairs (:func:`sequence_kernel`), as torch applies these layers
-    to each token; other inputs as :func:`input_kernel`.
+    """The kernel of inputs read features last (by ``nn.Linear``): sequences ``(N, T, d)`` keep
+    their token pairs (:func:`sequence_kernel`), as torch applies the layer to each token; other
+    inputs as :func:`input_kernel`.
 
     Example:
         >>> features_last_kernel(jnp.ones((2, 5, 3)), None, compute_ntk=False,

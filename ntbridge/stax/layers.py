@@ -21,9 +21,10 @@ A layer is a tiny stax triple plus what it requires of its input kernel:
   float, the values the layer was built with (combinators: a tuple, one entry per layer).
 * ``input_kernel``: for a layer reading inputs that are not channels-first features (sequences
   ``(N, T, d)``, token ids), ``input_kernel(x1, x2, compute_ntk=, diagonal_spatial=) -> Kernel``
-  of the raw inputs in the layout it expects; a network takes that of a layer reading its input,
-  else of any layer (attention needs sequences), else the channels-first
-  :func:`~ntbridge.stax.kernel.input_kernel`.
+  of the raw inputs in the layout it expects (Linear: features last); a network takes that of a
+  layer reading its input, else of any ``full_spatial`` layer (attention needs sequences), else
+  the channels-first :func:`~ntbridge.stax.kernel.input_kernel`. A layer whose rule reads the
+  channels-first layout is wrapped in :func:`channels_first`, which refuses sequences.
 * ``replicates``: for a rule that is a numerical expectation, its number of independent
   replicates (``Kernel.replicate`` picks one); 0 for exact rules (a network: its layers' largest).
 
@@ -106,8 +107,11 @@ def channels_first(layer: Layer) -> Layer:
     which torch would read with the tokens as channels.
 
     Example:
-        >>> channels_first(Conv(8, 4, (3,), ...)).kernel_fn(sequence_kernel(x, None, ...))
-        UnsupportedLayerError: its input here is a sequence (N, T, d) ...
+        >>> k = sequence_kernel(jnp.ones((2, 5, 3)), None, compute_ntk=False,
+        ...                     diagonal_spatial=False)
+        >>> channels_first(Identity()).kernel_fn(k)
+        Traceback (most recent call last):
+        UnsupportedLayerError: its input here is a sequence (N, T, d), features last ...
     """
 
     def kernel_fn(k: Kernel | tuple[Kernel, ...], *hyper):
