@@ -128,6 +128,8 @@ def test_bad_arguments():
                     n_seeds=1)
     with pytest.raises(ntbridge.errors.InputTypeError, match="nn.Module"):
         width_sweep(lambda w: "model", [8], torch.randn(3, 8), n_seeds=1)
+    with pytest.raises(InputError, match=r"kernel has shape \(3, 3, 5\).*pool them"):
+        width_sweep(one_hidden_small, [8], torch.randn(3, 5, 8), n_seeds=1)  # per token
 
 
 def sweep_of(errors: dict, widths: tuple = (64, 256)) -> WidthSweep:

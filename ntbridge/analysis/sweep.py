@@ -149,6 +149,12 @@ def width_sweep(build: Callable[[int], nn.Module], widths: Sequence[int], x1: to
                 model = model.to(x.dtype) if x.is_floating_point() else model
                 if s == 0:
                     nngp, ntk, layers, graph = _analytic(model, x1, x2, parameterization)
+                    if ntk.ndim != 2:
+                        raise InputError(
+                            f"width_sweep compares kernels of vector outputs (N, outputs); this "
+                            f"model's kernel has shape {tuple(ntk.shape)} (outputs per position "
+                            f"or token): pool them before the readout (e.g. x.mean(1), x[:, 0] "
+                            f"or x.flatten(1)).")
                     factors = (_ntk_parameterization_factors(graph) if parameterization == "ntk"
                                else {n.name: 1.0 for n in graph.layers if n.param_names})
                     layer_reference = "analytic" if layers is not None else SEED_SPREAD
