@@ -13,12 +13,12 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..dlpack import model_dtype, precision, to_jax
+from ..dlpack import model_dtype
 from ..errors import InputError, InputTypeError
 from . import (activations, attention, conv, graph_ops, indexing, linear,  # noqa: F401
                normalization, pooling, products, resize, sequence, structure)  # (converters)
 from .fx import fx_nodes
-from .graph import Graph, Node, make_node, module_tensors
+from .graph import Graph, Node, make_node
 from .registry import ATTENTION_POINTS, Options, StdOption, as_float, find_converter, register
 
 __all__ = ["Graph", "Node", "convert", "register"]
@@ -98,9 +98,8 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
         nodes = [make_node(i, name, module, (i - 1,), options)
                  for i, (name, module) in enumerate(leaves)]
     options.check_names([n.name for n in nodes if "W_std" in n.hyper])
-    with precision(model_dtype(model)):
-        params = {key: to_jax(t, key) for key, t in module_tensors(nodes).items()}
-    return Graph(nodes, params, _signature(options, nodes, True), _signature(options, nodes, False))
+    return Graph(nodes, model_dtype(model), _signature(options, nodes, True),
+                 _signature(options, nodes, False))
 
 
 def _signature(options: Options, nodes: list[Node], values: bool) -> tuple:

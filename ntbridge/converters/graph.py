@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .. import programs
+from ..dlpack import precision, to_jax
 from ..errors import InitMismatchWarning, InputError, NtbridgeError, UnsupportedLayerError, warn
 from ..results import Kernels
 from ..specs import KERNEL_NAMES
@@ -153,7 +154,8 @@ class Graph:
 
     Attributes:
       layers: the :class:`Node` of each leaf module, in order.
-      params: JAX arrays sharing memory with the torch weights where the layout allows it.
+      params: JAX arrays sharing memory with the torch weights where the layout allows it, in
+        the model's precision (made on first use: the analytic kernels read none).
       signature: a hashable description of the architecture and hyper-parameters.
       architecture: the signature without the values of the layers' declared hyper-parameters
         (``Layer.hyper``), which the analytic programs take as arguments (:meth:`hyper_args`).
@@ -176,9 +178,9 @@ class Graph:
 
     path = "layers"  # how the empirical kernels name this route (vs "torch.export")
 
-    def __init__(self, nodes: list[Node], params: Params, signature: tuple, architecture: tuple):
-        self.layers = tuple(nodes)
-        self.params = params
+    def __init__(self, nodes: list[Node], dtype: torch.dtype, signature: tuple,
+                 architecture: tuple):
+        self.layers, self._dtype = tuple(nodes), dtype
         self.signature, self.architecture = signature, architecture
         self.hyper = tuple(_hyper_values(n) for n in nodes)
         self.network = dag([_located(n.layer, n.where) for n in nodes], [n.inputs for n in nodes])
@@ -186,6 +188,11 @@ class Graph:
         self.apply_fn = functools.partial(_apply, self.network, layout)
         """The model's forward pass ``apply_fn(params, x)``, ``(N, *input) -> (N, *output)``."""
         self._init_checked = False
+
+    @functools.cached_property
+    def params(self) -> Params:
+        with precision(self._dtype):
+            return {key: to_jax(t, key) for key, t in module_tensors(self.layers).items()}
 
     def __repr__(self) -> str:
         """One line per layer (see the class example); ``<- a, b`` names the layers feeding one
