@@ -388,6 +388,8 @@ def test_per_token_layers_without_attention_act_on_each_token():
 
     with pytest.raises(errors.UnsupportedLayerError, match=r"flatten the tokens \(x.flatten"):
         ntbridge.ntk(MeanHead(), x)
+    with pytest.raises(errors.UnsupportedLayerError, match=r"when it takes the model's input"):
+        ntbridge.ntk(nn.Sequential(nn.Dropout(0.1), mlp).eval(), x)  # read channels first
 
 
 class Joined(nn.Module):

@@ -215,9 +215,11 @@ def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | N
     def kernel_fn(k, hyper=hyper):
         if len(k.shape1) != 2 and not k.tokens:
             raise UnsupportedLayerError(
-                f"Linear on inputs of shape {k.shape1} has no kernel rule here: the analytic "
-                f"kernel needs (N, features) inputs or sequences (N, T, features), not "
-                f"channels-first ones (add nn.Flatten() before it).")
+                f"Linear on inputs of shape {k.shape1}, read channels first, has no kernel rule "
+                f"here: it needs (N, features) inputs or sequences (N, T, features), which a "
+                f"Linear reads features last when it takes the model's input itself or follows "
+                f"attention or an nn.Embedding (put an input Dropout after it); for channels-"
+                f"first inputs, add nn.Flatten() before it.")
         return dense_rule(k, in_features, out_features, hyper["W_std"], hyper.get("b_std"),
                           parameterization)
 
