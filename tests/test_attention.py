@@ -359,6 +359,7 @@ def test_bad_transformer_inputs_are_named():
         ntbridge.ntk(nn.Sequential(nn.Linear(3, 2)), torch.ones(2, 3, dtype=torch.long))
 
 
+@pytest.mark.slow
 def test_per_token_layers_without_attention_act_on_each_token():
     """nn.Linear reads sequences (N, T, d) features last, as torch applies it: the kernel of a
     per-token MLP is, token by token, the MLP's kernel of that token's vectors (exactly: the same
@@ -390,6 +391,49 @@ def test_per_token_layers_without_attention_act_on_each_token():
         ntbridge.ntk(MeanHead(), x)
     with pytest.raises(errors.UnsupportedLayerError, match=r"when it takes the model's input"):
         ntbridge.ntk(nn.Sequential(nn.Dropout(0.1), mlp).eval(), x)  # read channels first
+
+
+class SlicedPositions(TextClassifier):
+    """Positions of up to ``length`` tokens, added as torch code writes them for shorter
+    sequences: ``pos[:T]``, ``pos[None, :T]`` (2-d ``pos``), ``pos[:, :T, :]`` (``(1, L, d)``),
+    ``pos[None]``, ``pos.unsqueeze(0)``."""
+
+    def __init__(self, view, length=9):
+        super().__init__(length=length)
+        self.view = view
+        if view == "batched":
+            self.pos = nn.Parameter(self.pos.detach()[None])
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        pos = {"rows": lambda: self.pos[:t], "none rows": lambda: self.pos[None, :t],
+               "batched": lambda: self.pos[:, :t, :], "none": lambda: self.pos[None],
+               "unsqueeze": lambda: self.pos.unsqueeze(0)}[self.view]()
+        return self.head(self.enc(self.emb(ids) + pos).mean(1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("view", ["rows", "none rows", "batched", "none", "unsqueeze"])
+def test_positions_sliced_to_the_sequence(view):
+    """A positional embedding longer than the sequences, sliced in forward: torch's forward, and
+    the kernel of a model whose positions are the first T rows (their variance, read from the
+    values, set to the whole parameter's): the same to rounding."""
+    torch.manual_seed(0)
+    length = 6 if view in ("none", "unsqueeze") else 9  # views of the whole parameter: T = L
+    model = SlicedPositions(view, length).double().eval()
+    ids = torch.randint(0, 40, (3, 6))
+    graph = ntbridge.convert(model)
+    with jax.enable_x64(True):
+        np.testing.assert_allclose(np.asarray(graph.apply_fn(graph.params, jnp.asarray(ids))),
+                                   model(ids).detach().numpy(), rtol=1e-12, atol=1e-12)
+    reference = TextClassifier().double().eval()
+    reference.load_state_dict({**model.state_dict(), "pos": torch.zeros(6, 32)}, strict=False)
+    rows = model.pos.detach().reshape(-1, 32)
+    rms = lambda p: p.pow(2).mean().sqrt()
+    reference.pos = nn.Parameter(rows[:6] * rms(rows) / rms(rows[:6]))
+    for got, expected in zip(ntbridge.kernel(model, ids, attention="linear"),
+                             ntbridge.kernel(reference, ids, attention="linear")):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
 
 
 class Joined(nn.Module):

@@ -25,8 +25,8 @@ from torch import fx, nn
 
 from ..errors import ConversionError, UnsupportedLayerError
 from ..stax import INPUT
-from .calls import (ATTENTION_MODULES, PaddingIds, attention_call, attention_output,
-                    is_positions, padding_ids, positions)
+from .calls import (ATTENTION_MODULES, PaddingIds, PositionsView, attention_call,
+                    attention_output, is_positions, padding_ids, position_view, positions)
 from .combinators import Add, Concat
 from .elementwise import Elementwise, step_of
 from .equivalents import equivalent, is_shape
@@ -55,6 +55,7 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     constants: dict[fx.Node, object] = {}  # nodes computed from the model's buffers alone
     attrs: dict[fx.Node, torch.Tensor] = {}  # get_attr nodes: the model's tensors
     paddings: dict[fx.Node, PaddingIds] = {}  # input ids == pad: key padding masks
+    views: dict[fx.Node, PositionsView] = {}  # self.pos[:T]: positions added to a sequence
     time_major: set[fx.Node] = set()  # sequences (T, N, d), computed batch-first (.layout)
     adjacencies: dict[fx.Node, bool] = {}  # forward(x, adjacency): it, transposed or not
     params, attention_calls = dict(model.named_parameters()), set()
@@ -74,6 +75,9 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
         aggregation = input_aggregation(node, adjacencies)  # other uses of it are refused
         if (value := padding_ids(node)) is not None:  # for attention calls only
             paddings[node] = value
+            continue
+        if (view := position_view(node, attrs)) is not None:  # for positions only
+            views[node] = view
             continue
         if (found := step_of(node, chains)) is not None:
             source, steps = chains.get(found[0], (found[0], ()))
@@ -112,8 +116,8 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
             index[node] = _source(source, index, describe(node))
             if source not in time_major:
                 time_major.add(node)
-        elif is_positions(node, attrs, params):
-            owner, module, x = positions(node, attrs)
+        elif is_positions(node, attrs, params, views):
+            owner, module, x = positions(node, attrs, views)
             index[node] = len(nodes)
             nodes.append(make_node(len(nodes), owner, module, (_source(x, index, describe(node)),),
                                    options, describe(node)))
@@ -138,8 +142,8 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
             else:
                 origin = describe(node)
                 for a in node.all_input_nodes:  # the model's own tensors: refused by name
-                    if a.op == "get_attr" and a not in constants:
-                        _source(a, index, origin)
+                    if a in views or (a.op == "get_attr" and a not in constants):
+                        _source(views[a].attr if a in views else a, index, origin)
                 module, sources = _located(equivalent, origin)(node, constants)
             if any(a in time_major for a in sources):
                 module, stays = batch_first_form(module, origin)

@@ -13,19 +13,21 @@ from .registry import Context, register
 
 
 class AddPositions(nn.Module):
-    """``x + P`` for the model's parameter ``P`` ``(T, d)`` or ``(1, T, d)``, registered here under
-    its own attribute name ``name`` (so that its qualified name stays the model's)."""
+    """``x + P`` for the model's parameter ``P`` ``(L, d)`` or ``(1, L, d)``, registered here under
+    its own attribute name ``name`` (so that its qualified name stays the model's); with
+    ``prefix``, ``x + P[..., :T, :]`` for sequences of ``T <= L`` tokens."""
 
-    def __init__(self, name: str, parameter: nn.Parameter):
+    def __init__(self, name: str, parameter: nn.Parameter, prefix: bool = False):
         super().__init__()
-        self.name = name
+        self.name, self.prefix = name, prefix
         self.register_parameter(name, parameter)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + getattr(self, self.name)
+        return x + getattr(self, self.name)[..., :x.shape[1], :]
 
     def extra_repr(self) -> str:
-        return f"{self.name}: {tuple(getattr(self, self.name).shape)}"
+        rows = "[:T]" if self.prefix else ""
+        return f"{self.name}{rows}: {tuple(getattr(self, self.name).shape)}"
 
 
 @register(AddPositions)
@@ -36,4 +38,4 @@ def _positions(module: AddPositions, ctx: Context) -> stax.Layer:
     std = p.detach().double().pow(2).mean().sqrt().item() if explicit is None else float(explicit)
     ctx.hyper = {"W_std": std}
     return Positions(p.shape[-2], p.shape[-1], std=std, batched=p.ndim == 3,
-                     parameterization=o.parameterization, name=module.name)
+                     parameterization=o.parameterization, name=module.name, prefix=module.prefix)

@@ -80,9 +80,12 @@ def Embedding(num_embeddings: int, embedding_dim: int, *, W_std: float,
 
 
 def Positions(length: int, dim: int, *, std: float, batched: bool = False,
-              parameterization: str = "standard", name: str = "weight") -> Layer:
+              parameterization: str = "standard", name: str = "weight",
+              prefix: bool = False) -> Layer:
     """``x + P`` for a learned positional embedding ``P`` of shape ``(length, dim)`` (``batched``:
-    ``(1, length, dim)``) on sequences ``(N, length, dim)``; params ``{name: P}``.
+    ``(1, length, dim)``) on sequences ``(N, length, dim)``; params ``{name: P}``. With
+    ``prefix``, sequences ``(N, T, dim)`` of any ``T <= length`` take ``P``'s first ``T`` rows
+    (``x + P[:T]``). The kernel adds ``std**2 [t == t']`` (the NTK, its parameters' part).
 
     Example:
         >>> Positions(7, 16, std=0.02).init_fn(jax.random.key(0), (4, 7, 16))[0]
@@ -91,19 +94,25 @@ def Positions(length: int, dim: int, *, std: float, batched: bool = False,
     shape = (1, length, dim) if batched else (length, dim)
 
     def init_fn(key, input_shape):
-        if tuple(input_shape[1:]) != (length, dim):
-            raise ShapeError(f"adds positions of shape {shape} to sequences (N, {length}, {dim}), "
-                             f"got {tuple(input_shape)}")
+        t = input_shape[1] if len(input_shape) == 3 else None
+        if t is None or input_shape[2] != dim or (t > length if prefix else t != length):
+            raise ShapeError(f"adds positions of shape {shape} to sequences (N, "
+                             f"{'T <= ' if prefix else ''}{length}, {dim}), got "
+                             f"{tuple(input_shape)}")
         return tuple(input_shape), {name: _sample(key, shape, std, "normal")}
+
+    def apply_fn(params, x):
+        return x + params[name][..., :x.shape[1], :]
 
     def kernel_fn(k: Kernel) -> Kernel:
         if not k.tokens:
             raise UnsupportedLayerError(f"positional embeddings add to sequences (N, {length}, "
                                         f"{dim}); got a kernel of inputs {k.shape1}")
-        delta = jnp.ones(length) if k.diagonal_spatial else jnp.eye(length)
+        tokens = k.shape1[1]
+        delta = jnp.ones(tokens) if k.diagonal_spatial else jnp.eye(tokens)
         own = std ** 2 * delta if parameterization == "ntk" else delta
         return k.replace(nngp=k.nngp + std ** 2 * delta, cov1=k.cov1 + std ** 2 * delta,
                          cov2=k.cov2 + std ** 2 * delta,
                          ntk=None if k.ntk is None else k.ntk + own)
 
-    return Layer(init_fn, lambda params, x: x + params[name], kernel_fn)
+    return Layer(init_fn, apply_fn, kernel_fn)
