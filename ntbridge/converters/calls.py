@@ -18,6 +18,7 @@ import torch
 from torch import fx, nn
 
 from ..errors import UnsupportedLayerError
+from .equivalents import is_shape
 from .sequence import AddPositions
 
 ATTENTION_MODULES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
@@ -97,7 +98,7 @@ class PositionsView(NamedTuple):
 def _rows(entry) -> bool:
     """Whether an index entry is ``:T`` (T an int or an input's size) or ``:``."""
     return (isinstance(entry, slice) and entry.start in (None, 0) and entry.step in (None, 1)
-            and (entry.stop is None or isinstance(entry.stop, (int, fx.Node))))
+            and (entry.stop is None or isinstance(entry.stop, int) or is_shape(entry.stop)))
 
 
 def position_view(node: fx.Node, attrs: dict) -> PositionsView | None:
