@@ -1,4 +1,5 @@
-"""Sequences ``(N, T, d)``, features last: their input kernel and the heads that pool the tokens.
+"""Sequences ``(N, T, d)``, features last: the heads that pool the tokens (their input kernel is
+:func:`~ntbridge.stax.kernel.sequence_kernel`).
 
 A kernel of sequences keeps every pair of tokens (``(N1, N2, T, T')``, :class:`Kernel` with
 ``tokens``): per-token layers (Linear, activations, LayerNorm of the last axis, Dropout) act on
@@ -7,9 +8,6 @@ tokens (``x.mean(1)``: the mean over all token pairs) or one token (``x[:, i]``:
 """
 
 from __future__ import annotations
-
-import jax
-import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel, spatial_diagonal
