@@ -436,6 +436,54 @@ def test_positions_sliced_to_the_sequence(view):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
 
 
+class EmbeddedPositions(TextClassifier):
+    """Positions embedded by an ``nn.Embedding`` of ``torch.arange(T)``, as GPT-style code writes
+    them: with the ids' device, ``arange(0, T, dtype=...)``, ``.unsqueeze(0)``, an int ``T``."""
+
+    def __init__(self, form, padding_idx=None):
+        super().__init__(length=9)
+        self.pos, self.form = None, form
+        self.wpe = nn.Embedding(9, 32, padding_idx=padding_idx)
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        positions = {"device": lambda: torch.arange(t, device=ids.device),
+                     "dtype": lambda: torch.arange(0, t, dtype=torch.long, device=ids.device),
+                     "unsqueeze": lambda: torch.arange(ids.size(1)).unsqueeze(0),
+                     "int": lambda: torch.arange(6)}[self.form]()
+        return self.head(self.enc(self.emb(ids) + self.wpe(positions)).mean(1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["device", "dtype", "unsqueeze", "int"])
+def test_positions_embedded_from_arange(form):
+    """``x + self.wpe(torch.arange(T))`` adds the embedding's first T rows: torch's forward, and,
+    its variance that of torch's N(0, 1) init (whatever the weights hold, as for token
+    embeddings), the kernels of the model whose positions parameter has variance 1: the same to
+    rounding."""
+    torch.manual_seed(0)
+    model = EmbeddedPositions(form).double().eval()
+    with torch.no_grad():
+        model.wpe.weight *= 0.5  # not the init's variance: the kernel must not read it
+    ids = torch.randint(0, 40, (3, 6))
+    graph = ntbridge.convert(model)
+    with jax.enable_x64(True):
+        np.testing.assert_allclose(np.asarray(graph.apply_fn(graph.params, jnp.asarray(ids))),
+                                   model(ids).detach().numpy(), rtol=1e-12, atol=1e-12)
+    reference = SlicedPositions("rows").double().eval()
+    rows = model.wpe.weight.detach()
+    reference.load_state_dict({**model.state_dict(), "pos": rows / rows.pow(2).mean().sqrt()},
+                              strict=False)
+    for got, expected in zip(ntbridge.kernel(model, ids), ntbridge.kernel(reference, ids)):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+
+
+def test_embedded_positions_refuse_padding():
+    """A positions embedding with a padding row has no rule: refused by the module's name."""
+    with pytest.raises(errors.UnsupportedLayerError, match="'wpe'.*padding_idx"):
+        ntbridge.nngp(EmbeddedPositions("device", padding_idx=0), torch.randint(0, 40, (2, 6)))
+
+
 class Joined(nn.Module):
     """Attention and a per-token Linear of the same sequences, concatenated along ``dim``."""
 

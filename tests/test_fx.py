@@ -223,6 +223,22 @@ def test_unsupported_functional_calls_are_named(fn, operation, message):
         ntbridge.convert(M())
 
 
+def test_a_fixed_tensor_added_to_features_is_refused():
+    """A buffer added to the features (a sinusoidal positional encoding) breaks the rules' zero
+    mean: refused, pointing to learned positions."""
+
+    class Sinusoidal(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("pe", torch.sin(torch.arange(12.0)).reshape(3, 4))
+
+        def forward(self, x):
+            return x + self.pe
+
+    with pytest.raises(errors.UnsupportedLayerError, match="fixed tensor.*learned positional"):
+        ntbridge.convert(Sinusoidal())
+
+
 class Cumsum(nn.Module):
     def forward(self, x):
         return torch.cumsum(x, 1)

@@ -1,5 +1,5 @@
 """The calls of transformer modules in a traced ``forward`` (:mod:`.fx`): self-attention's and
-encoders' arguments, their output, and learned positional embeddings ``x + self.pos``.
+encoders' arguments, and their output. (Positions added to a sequence are :mod:`.sequence`'s.)
 
 ``attn(x, x, x, attn_mask=self.mask, need_weights=False)[0]`` becomes one node fed by ``x``, its
 other arguments handed to the converter (``Context.call``); a mask must be a tensor of the model
@@ -18,8 +18,6 @@ import torch
 from torch import fx, nn
 
 from ..errors import UnsupportedLayerError
-from .equivalents import is_shape
-from .sequence import AddPositions
 
 ATTENTION_MODULES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 _TENSOR_ARGS = {nn.MultiheadAttention: ("query", "key", "value"),
@@ -85,61 +83,3 @@ def attention_output(node: fx.Node, calls: set) -> fx.Node | None:
             f"used downstream; they have no kernel rule. Use only the output [0] "
             f"(and pass need_weights=False).")
     return node.args[0]
-
-
-class PositionsView(NamedTuple):
-    """A view of a positional-embedding parameter taken in ``forward``: its ``get_attr`` node, and
-    whether the view is the parameter's first rows (``P[:T]``), not all of it (``P[None]``)."""
-
-    attr: fx.Node
-    prefix: bool
-
-
-def _rows(entry) -> bool:
-    """Whether an index entry is ``:T`` (T an int or an input's size) or ``:``."""
-    return (isinstance(entry, slice) and entry.start in (None, 0) and entry.step in (None, 1)
-            and (entry.stop is None or isinstance(entry.stop, int) or is_shape(entry.stop)))
-
-
-def position_view(node: fx.Node, attrs: dict) -> PositionsView | None:
-    """For ``P[:T]``, ``P[None, :T]``, ``P[:, :T]`` (``P`` of shape ``(1, L, d)``), ``P[None]``
-    or ``P.unsqueeze(0)`` of a tensor ``P`` of the model (``attrs``): what it views; else None."""
-    if node.op == "call_method" and node.target == "unsqueeze" and node.args[1:] == (0,):
-        base, key = node.args[0], (None,)
-    elif node.op == "call_function" and node.target is operator.getitem:
-        base, key = node.args
-        key = key if isinstance(key, tuple) else (key,)
-    else:
-        return None
-    if base not in attrs or attrs[base].ndim not in (2, 3):
-        return None
-    while key and (key[-1] is Ellipsis or key[-1] == slice(None)):
-        key = key[:-1]  # trailing ':' and '...' select everything
-    leading = (None,) if attrs[base].ndim == 2 else (slice(None),)
-    if key in ((), leading):
-        return PositionsView(base, False)
-    if len(key) in (1, 2) and key[:-1] in ((), leading) and _rows(key[-1]):
-        return PositionsView(base, key[-1].stop is not None)
-    return None
-
-
-def is_positions(node: fx.Node, attrs: dict, params: dict, views: dict) -> bool:
-    """Whether ``node`` adds a parameter ``(T, d)`` or ``(1, T, d)`` of the model (or a view of
-    its leading rows, :func:`position_view`) to a tensor."""
-    adds = ((node.op == "call_function" and node.target in (operator.add, torch.add))
-            or (node.op == "call_method" and node.target == "add"))
-    if not adds or len(node.args) != 2 or node.kwargs:
-        return False
-    found = [views[a].attr if a in views else a for a in node.args if a in attrs or a in views]
-    return (len(found) == 1 and found[0].target in params
-            and (attrs[found[0]].ndim == 2 or (attrs[found[0]].ndim == 3
-                                               and attrs[found[0]].shape[0] == 1)))
-
-
-def positions(node: fx.Node, attrs: dict, views: dict) -> tuple[str, AddPositions, fx.Node]:
-    """For a node of :func:`is_positions`: the qualified name of the parameter's owner, the
-    :class:`AddPositions` module holding it (under its own name), and the sequence it adds to."""
-    x, p = sorted(node.args[:2], key=lambda a: a in attrs or a in views)
-    p, prefix = views.get(p, (p, False))
-    owner, _, local = p.target.rpartition(".")
-    return owner, AddPositions(local, attrs[p], prefix), x

@@ -29,11 +29,13 @@ def _flatten(x, start_dim=0, end_dim=-1) -> nn.Module:
 
 
 def is_shape(a) -> bool:
-    """Whether fx node ``a`` computes a shape or size (an int), not a tensor."""
+    """Whether fx node ``a`` computes a shape or size (an int), or reads a tensor's device or
+    dtype (``torch.arange(T, device=ids.device)``): no tensor."""
     if not isinstance(a, fx.Node):
         return False
     return ((a.op == "call_method" and a.target == "size")
-            or (a.op == "call_function" and a.target is getattr and a.args[1] == "shape")
+            or (a.op == "call_function" and a.target is getattr
+                and a.args[1] in ("shape", "device", "dtype"))
             or (a.op == "call_function" and a.target is operator.getitem and is_shape(a.args[0])))
 
 
@@ -87,6 +89,12 @@ def _scale(x, c, divide: bool = False) -> nn.Module:
 
 
 def _add(x, y, *, alpha=1) -> nn.Module:
+    if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+        raise UnsupportedLayerError(
+            "adds a fixed tensor of the model (a buffer, e.g. a sinusoidal positional encoding) to "
+            "features: the kernel rules take features of mean zero, which such a sum is not. Use a "
+            "learned positional embedding (an nn.Parameter, or an nn.Embedding of "
+            "torch.arange(T)), or ntbridge.empirical_ntk for this model.")
     if not (isinstance(x, fx.Node) and isinstance(y, fx.Node)) or alpha != 1:
         raise UnsupportedLayerError("only sums of two tensors (x + y, torch.add(x, y)) are "
                                     "supported, not the addition of constants or alpha != 1.")

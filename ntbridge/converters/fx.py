@@ -4,11 +4,11 @@ Leaf modules (registered types, torch's own) stay ``call_module`` nodes, convert
 Chains of elementwise functions without a module (``torch.exp(-h ** 2)``) become one
 :class:`~.elementwise.Elementwise` module. Other functional calls become the equivalent module
 instance (:mod:`.equivalents`), so that each module type has one converter (values computed from
-the model's buffers alone, ``self.adjacency.T``, are computed once here). Attention calls and
-learned positions are :mod:`.calls`', time-major stretches :mod:`.layout`'s. A ``forward(x,
-adjacency)`` of node features and each example's graph is :mod:`.graph_ops`': ``x`` becomes a
-:class:`~.graph_ops.GraphFeatures` node and each ``h @ adjacency.mT`` an aggregation fed by ``h``
-and the model's (packed) input.
+the model's buffers alone, ``self.adjacency.T``, are computed once here). Attention calls are
+:mod:`.calls`', positional embeddings :mod:`.sequence`'s, time-major stretches :mod:`.layout`'s.
+A ``forward(x, adjacency)`` of node features and each example's graph is :mod:`.graph_ops`':
+``x`` becomes a :class:`~.graph_ops.GraphFeatures` node and each ``h @ adjacency.mT`` an
+aggregation fed by ``h`` and the model's (packed) input.
 
 The kernel of a sum (of a concatenation along positions) is exact only when the branches are
 uncorrelated, that of a product when the factors are independent; :mod:`.independence` works out
@@ -25,8 +25,7 @@ from torch import fx, nn
 
 from ..errors import ConversionError, UnsupportedLayerError
 from ..stax import INPUT
-from .calls import (ATTENTION_MODULES, PaddingIds, PositionsView, attention_call,
-                    attention_output, is_positions, padding_ids, position_view, positions)
+from .calls import ATTENTION_MODULES, PaddingIds, attention_call, attention_output, padding_ids
 from .combinators import Add, Concat
 from .elementwise import Elementwise, step_of
 from .equivalents import equivalent, is_shape
@@ -37,6 +36,8 @@ from .indexing import Stack
 from .layout import batch_first_form, swapped
 from .products import Multiply
 from .registry import Options
+from .sequence import (PositionsView, counts, is_arange, is_positions, position_view,
+                       positions)
 from .tracing import constant, describe, trace
 
 
@@ -56,6 +57,7 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     attrs: dict[fx.Node, torch.Tensor] = {}  # get_attr nodes: the model's tensors
     paddings: dict[fx.Node, PaddingIds] = {}  # input ids == pad: key padding masks
     views: dict[fx.Node, PositionsView] = {}  # self.pos[:T]: positions added to a sequence
+    aranges: set[fx.Node] = set()  # torch.arange(T): the positions an nn.Embedding embeds
     time_major: set[fx.Node] = set()  # sequences (T, N, d), computed batch-first (.layout)
     adjacencies: dict[fx.Node, bool] = {}  # forward(x, adjacency): it, transposed or not
     params, attention_calls = dict(model.named_parameters()), set()
@@ -68,6 +70,8 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     for node in graph.nodes:
         if (value := constant(model, node, constants)) is not None:
             constants[node] = value
+            if counts(value):  # torch.arange(T) of an int T, computed by the trace
+                aranges.add(node)
             continue
         if (view := adjacency_view(node, adjacencies)) is not None:
             adjacencies[node] = view
@@ -76,8 +80,11 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
         if (value := padding_ids(node)) is not None:  # for attention calls only
             paddings[node] = value
             continue
-        if (view := position_view(node, attrs)) is not None:  # for positions only
+        if (view := position_view(node, attrs, model, aranges)) is not None:  # positions only
             views[node] = view
+            continue
+        if is_arange(node, aranges):
+            aranges.add(node)
             continue
         if (found := step_of(node, chains)) is not None:
             source, steps = chains.get(found[0], (found[0], ()))
@@ -143,7 +150,7 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
                 origin = describe(node)
                 for a in node.all_input_nodes:  # the model's own tensors: refused by name
                     if a in views or (a.op == "get_attr" and a not in constants):
-                        _source(views[a].attr if a in views else a, index, origin)
+                        raise _direct_use(views[a].name if a in views else a.target, origin)
                 module, sources = _located(equivalent, origin)(node, constants)
             if any(a in time_major for a in sources):
                 module, stays = batch_first_form(module, origin)
@@ -174,12 +181,16 @@ def _located(fn: Callable, where: str) -> Callable:
     return located
 
 
+def _direct_use(name: str, where: str) -> UnsupportedLayerError:
+    return UnsupportedLayerError(
+        f"{where} uses the tensor '{name}' directly; only a learned positional embedding added to "
+        f"a sequence (x + self.pos) is supported. Wrap the computation in a module and register a "
+        f"converter for it.")
+
+
 def _source(a, index: dict, where: str) -> int:
     if isinstance(a, fx.Node) and a.op == "get_attr":
-        raise UnsupportedLayerError(
-            f"{where} uses the tensor '{a.target}' directly; only a learned positional embedding "
-            f"added to a sequence (x + self.pos) is supported. Wrap the computation in a module "
-            f"and register a converter for it.")
+        raise _direct_use(a.target, where)
     if not isinstance(a, fx.Node) or a not in index:
         raise ConversionError(f"{where} takes {a!r} as an input, which is not a tensor computed "
                               f"by the model; only tensor inputs are supported.")

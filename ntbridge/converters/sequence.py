@@ -1,25 +1,39 @@
-"""The module standing for a learned positional embedding added to a sequence in a traced
-``forward`` (:mod:`.fx`), ``x + self.pos``, and its converter. (The heads ``x.mean(1)`` and
-``x[:, i]`` are :mod:`.indexing`'s, whose rules read sequences too.)"""
+"""Positional embeddings added to a sequence in a traced ``forward`` (:mod:`.fx`): the nodes that
+make them, the module standing for ``x + P`` and its converter. (The heads ``x.mean(1)`` and
+``x[:, i]`` are :mod:`.indexing`'s, whose rules read sequences too.)
+
+``P`` is a parameter of the model, ``(L, d)`` or ``(1, L, d)``, added whole (``x + self.pos``,
+``self.pos[None]``) or by its first T rows (``self.pos[:T]``, ``self.pos[None, :T]``,
+``self.pos[:, :T]``), or the rows an ``nn.Embedding`` of positions gives ``torch.arange(T)``
+(``x + self.wpe(torch.arange(T, device=ids.device))``).
+"""
 
 from __future__ import annotations
 
+import operator
+from typing import NamedTuple
+
 import torch
-from torch import nn
+from torch import fx, nn
 
 from .. import stax
+from ..errors import UnsupportedLayerError
 from ..stax.embedding import Positions
+from .equivalents import is_shape
 from .registry import Context, register
 
 
 class AddPositions(nn.Module):
     """``x + P`` for the model's parameter ``P`` ``(L, d)`` or ``(1, L, d)``, registered here under
     its own attribute name ``name`` (so that its qualified name stays the model's); with
-    ``prefix``, ``x + P[..., :T, :]`` for sequences of ``T <= L`` tokens."""
+    ``prefix``, ``x + P[..., :T, :]`` for sequences of ``T <= L`` tokens. ``init_std``: the
+    standard deviation torch's init gives ``P`` (an ``nn.Embedding``'s: 1), None for a bare
+    parameter."""
 
-    def __init__(self, name: str, parameter: nn.Parameter, prefix: bool = False):
+    def __init__(self, name: str, parameter: nn.Parameter, prefix: bool = False,
+                 init_std: float | None = None):
         super().__init__()
-        self.name, self.prefix = name, prefix
+        self.name, self.prefix, self.init_std = name, prefix, init_std
         self.register_parameter(name, parameter)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -34,8 +48,122 @@ class AddPositions(nn.Module):
 def _positions(module: AddPositions, ctx: Context) -> stax.Layer:
     p = getattr(module, module.name)
     o = ctx.options
-    explicit = o.explicit(o.W_std, ctx.name)  # no default init to assume: read from the values
-    std = p.detach().double().pow(2).mean().sqrt().item() if explicit is None else float(explicit)
+    explicit = o.explicit(o.W_std, ctx.name)
+    if explicit is not None:
+        std = float(explicit)
+    elif module.init_std is not None and o.init == "torch":
+        std = module.init_std
+    else:  # no default init to assume: read from the values
+        std = p.detach().double().pow(2).mean().sqrt().item()
     ctx.hyper = {"W_std": std}
     return Positions(p.shape[-2], p.shape[-1], std=std, batched=p.ndim == 3,
                      parameterization=o.parameterization, name=module.name, prefix=module.prefix)
+
+
+class PositionsView(NamedTuple):
+    """Positions taken in ``forward``: the model's parameter ``name`` (qualified) and its value
+    ``tensor``, whole or (``prefix``) its first T rows; ``init_std`` as :class:`AddPositions`'."""
+
+    name: str
+    tensor: torch.Tensor
+    prefix: bool
+    init_std: float | None = None
+
+
+def _rows(entry) -> bool:
+    """Whether an index entry is ``:T`` (T an int or an input's size) or ``:``."""
+    return (isinstance(entry, slice) and entry.start in (None, 0) and entry.step in (None, 1)
+            and (entry.stop is None or isinstance(entry.stop, int) or is_shape(entry.stop)))
+
+
+def _unsqueezed(node: fx.Node):
+    """``(base, key)`` of ``base[key]`` or of ``base.unsqueeze(0)`` (key ``(None,)``), else None."""
+    if node.op == "call_method" and node.target == "unsqueeze" and node.args[1:] == (0,):
+        return node.args[0], (None,)
+    if node.op == "call_function" and node.target is operator.getitem:
+        base, key = node.args
+        return base, key if isinstance(key, tuple) else (key,)
+    return None
+
+
+def is_arange(node: fx.Node, aranges: set) -> bool:
+    """Whether ``node`` is ``torch.arange(T)`` or ``torch.arange(0, T)`` (T an int or an input's
+    size; any dtype and device), or ``.unsqueeze(0)`` / ``[None]`` of one (``aranges``)."""
+    if node.op == "call_function" and node.target is torch.arange:
+        ends = node.args[1:] if len(node.args) == 2 and node.args[0] == 0 else node.args
+        return (len(ends) == 1 and (isinstance(ends[0], int) or is_shape(ends[0]))
+                and set(node.kwargs) <= {"dtype", "device"})
+    found = _unsqueezed(node)
+    return found is not None and found[1] == (None,) and found[0] in aranges
+
+
+def counts(value) -> bool:
+    """Whether a constant is ``torch.arange(T)`` (or ``[None]`` of it): ``torch.arange(6)`` of an
+    int, which fx computes while tracing."""
+    return (isinstance(value, torch.Tensor) and not value.is_floating_point()
+            and (value.ndim == 1 or (value.ndim == 2 and value.shape[0] == 1))
+            and torch.equal(value.reshape(-1), torch.arange(value.numel())))
+
+
+def _embedded_positions(node: fx.Node, model: nn.Module, aranges: set) -> PositionsView | None:
+    """For ``embedding(torch.arange(T))`` of an ``nn.Embedding`` of the model: its first T rows."""
+    if node.op != "call_module" or len(node.args) != 1 or node.args[0] not in aranges:
+        return None
+    module = model.get_submodule(node.target)
+    if not isinstance(module, nn.Embedding):
+        return None
+    if module.padding_idx is not None or module.max_norm is not None:
+        raise UnsupportedLayerError(
+            f"'{node.target}' (nn.Embedding) embeds the positions torch.arange(T) with "
+            f"{'padding_idx' if module.max_norm is None else 'max_norm'}, which has no kernel "
+            f"rule for positions; drop it.")
+    return PositionsView(f"{node.target}.weight", module.weight, True, 1.0)
+
+
+def position_view(node: fx.Node, attrs: dict, model: nn.Module,
+                  aranges: set) -> PositionsView | None:
+    """For ``P[:T]``, ``P[None, :T]``, ``P[:, :T]`` (``P`` of shape ``(1, L, d)``), ``P[None]``
+    or ``P.unsqueeze(0)`` of a tensor ``P`` of the model (``attrs``), or an ``nn.Embedding`` of
+    ``torch.arange(T)`` (``aranges``, :func:`is_arange`): what it views; else None."""
+    if (found := _unsqueezed(node)) is None:
+        return _embedded_positions(node, model, aranges)
+    base, key = found
+    if base not in attrs or attrs[base].ndim not in (2, 3):
+        return None
+    while key and (key[-1] is Ellipsis or key[-1] == slice(None)):
+        key = key[:-1]  # trailing ':' and '...' select everything
+    leading = (None,) if attrs[base].ndim == 2 else (slice(None),)
+    if key in ((), leading):
+        return PositionsView(base.target, attrs[base], False)
+    if len(key) in (1, 2) and key[:-1] in ((), leading) and _rows(key[-1]):
+        return PositionsView(base.target, attrs[base], key[-1].stop is not None)
+    return None
+
+
+def _view(a, attrs: dict, views: dict) -> PositionsView | None:
+    """``a`` as positions: a view of :func:`position_view`, or a tensor of the model whole."""
+    if a in views:
+        return views[a]
+    return PositionsView(a.target, attrs[a], False) if a in attrs else None
+
+
+def is_positions(node: fx.Node, attrs: dict, params: dict, views: dict) -> bool:
+    """Whether ``node`` adds a parameter ``(T, d)`` or ``(1, T, d)`` of the model (or a view of
+    its leading rows, :func:`position_view`) to a tensor."""
+    adds = ((node.op == "call_function" and node.target in (operator.add, torch.add))
+            or (node.op == "call_method" and node.target == "add"))
+    if not adds or len(node.args) != 2 or node.kwargs:
+        return False
+    found = [v for a in node.args if (v := _view(a, attrs, views)) is not None]
+    return (len(found) == 1 and found[0].name in params
+            and (found[0].tensor.ndim == 2 or (found[0].tensor.ndim == 3
+                                               and found[0].tensor.shape[0] == 1)))
+
+
+def positions(node: fx.Node, attrs: dict, views: dict) -> tuple[str, AddPositions, fx.Node]:
+    """For a node of :func:`is_positions`: the qualified name of the parameter's owner, the
+    :class:`AddPositions` module holding it (under its own name), and the sequence it adds to."""
+    x, p = sorted(node.args[:2], key=lambda a: a in attrs or a in views)
+    view = _view(p, attrs, views)
+    owner, _, local = view.name.rpartition(".")
+    return owner, AddPositions(local, view.tensor, view.prefix, view.init_std), x
