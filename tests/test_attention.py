@@ -532,6 +532,78 @@ def test_channels_first_layers_refuse_sequences(layer, before):
     assert ntbridge.ntk(conv_first, torch.randn(3, 4, 8)).shape == (3, 3)  # channels first
 
 
+class PatchEncoder(nn.Module):
+    """A ViT's start: 4 x 4 patches embedded by a strided Conv2d (``patches=False``: the model's
+    inputs are the flattened patches, embedded by the same weights as a Linear), learned
+    positions, an encoder layer, mean pooling, a Linear."""
+
+    def __init__(self, patches: bool):
+        super().__init__()
+        self.patches, self.embed = patches, nn.Conv2d(3, 16, 4, stride=4)
+        self.linear = nn.Linear(48, 16)
+        self.pos = nn.Parameter(0.5 * torch.randn(4, 16))
+        self.enc = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        h = self.linear(x) if self.patches else self.embed(x).flatten(2).transpose(1, 2)
+        return self.head(self.enc(h + self.pos).mean(1))
+
+
+def _patches(x, p=4):
+    """Images (N, C, H, W) as their p x p patches (N, H W / p^2, C p^2), row-major, each patch
+    flattened as a Conv2d's weight (channel, row, column)."""
+    n, c = x.shape[:2]
+    return x.unfold(2, p, p).unfold(3, p, p).permute(0, 2, 3, 1, 4, 5).reshape(n, -1, c * p * p)
+
+
+@pytest.mark.slow
+def test_image_patches_become_tokens():
+    """``conv(x).flatten(2).transpose(1, 2)`` makes the patches' positions tokens: the kernels
+    of the model fed the flattened patches, embedded by a Linear (the same weights and init), to
+    rounding; and ``transpose(1, 2)`` around a 1x1 Conv1d over tokens is a per-token Linear."""
+    torch.manual_seed(0)
+    images, vit = torch.randn(3, 3, 8, 8, dtype=torch.float64), PatchEncoder(False).double().eval()
+    flat = PatchEncoder(True).double().eval()
+    flat.load_state_dict({**vit.state_dict(), "linear.weight": vit.embed.weight.reshape(16, 48),
+                          "linear.bias": vit.embed.bias})
+    torch.testing.assert_close(vit(images), flat(_patches(images)), rtol=1e-12, atol=1e-12)
+    for got, expected in zip(ntbridge.kernel(vit, images, attention="linear"),
+                             ntbridge.kernel(flat, _patches(images), attention="linear")):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+    over_tokens = nn.Sequential(Attention(8, 2), Swapped(nn.Conv1d(8, 8, 1)))
+    per_token = nn.Sequential(Attention(8, 2), nn.Linear(8, 8))
+    x = torch.randn(3, 4, 8, dtype=torch.float64)
+    for got, expected in zip(ntbridge.kernel(over_tokens.double(), x, attention="linear"),
+                             ntbridge.kernel(per_token.double(), x, attention="linear")):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+
+
+class Swapped(nn.Module):
+    """``layer`` applied channels first to a sequence: ``layer(h.transpose(1, 2)).transpose(1, 2)``."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, h):
+        return self.layer(h.transpose(1, 2)).transpose(1, 2)
+
+
+@pytest.mark.parametrize("fn,message", [
+    (lambda x: x.transpose(1, 2), r"transpose\(1, 2\) of outputs \(3, 2, 4, 4\)"),
+    (lambda x: x.transpose(2, 3), r"transpose\(2, 3\): only transpose\(1, 2\)"),
+    (lambda x: x.permute(0, 2, 3, 1), r"permute\(0, 2, 3, 1\): only permute\(0, 2, 1\)"),
+])
+def test_other_transposes_are_refused(fn, message):
+    class M(nn.Module):
+        def forward(self, x):
+            return fn(x).flatten(1)
+
+    with pytest.raises(errors.UnsupportedLayerError, match=message):
+        ntbridge.nngp(M(), torch.randn(3, 2, 4, 4))
+
+
 @pytest.mark.slow
 def test_gradients_of_the_kernel_are_those_of_its_estimate():
     # d/dx of the softmax attention's NTK (fixed rule points: a smooth function of x) against

@@ -1,7 +1,7 @@
 """Functional calls in a traced ``forward`` as the module instances computing them
 (:func:`equivalent`): ``F.gelu(x, approximate=a)`` -> ``nn.GELU(a)`` as every activation's
 functional and method forms (:mod:`.functional`), ``x.view(x.size(0), -1)`` -> ``nn.Flatten()``,
-``F.interpolate`` -> ``nn.Upsample``, ``+`` -> :class:`~.combinators.Add`, ``torch.cat`` ->
+``F.interpolate`` -> ``nn.Upsample``, ``x.transpose(1, 2)`` -> :class:`~.structure.SwapLast`, ``+`` -> :class:`~.combinators.Add`, ``torch.cat`` ->
 :class:`~.combinators.Concat`, products and quotients by constants -> :class:`~.combinators.Scale`,
 the product of two tensors -> :class:`~.products.Multiply`, indexing, reductions and stacks ->
 :mod:`.indexing`'s, ``h @ M`` -> :mod:`.graph_ops`'."""
@@ -19,6 +19,7 @@ from . import graph_ops, indexing
 from .combinators import Add, Concat, Scale
 from .functional import FUNCTIONS, METHOD_FORMS, module_of
 from .products import Multiply
+from .structure import SwapLast
 
 
 def _flatten(x, start_dim=0, end_dim=-1) -> nn.Module:
@@ -26,6 +27,22 @@ def _flatten(x, start_dim=0, end_dim=-1) -> nn.Module:
         raise UnsupportedLayerError("flattening from axis 0 mixes the examples of the batch; "
                                     "flatten from axis 1: torch.flatten(x, 1).")
     return nn.Flatten(start_dim, end_dim)
+
+
+def _transpose(x, dim0, dim1) -> nn.Module:
+    if {dim0, dim1} not in ({1, 2}, {-1, -2}):
+        raise UnsupportedLayerError(
+            f"transpose({dim0}, {dim1}): only transpose(1, 2) of (N, C, L) <-> (N, L, C) "
+            f"(positions <-> tokens) and transpose(0, 1) of sequences (time-major) are supported.")
+    return SwapLast()
+
+
+def _permute(x, *dims) -> nn.Module:
+    dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+    if dims not in ((0, 2, 1), (0, -1, -2)):
+        raise UnsupportedLayerError(f"permute{dims}: only permute(0, 2, 1) of (N, C, L) <-> "
+                                    f"(N, L, C) and permute(1, 0, 2) of sequences are supported.")
+    return SwapLast()
 
 
 def is_shape(a) -> bool:
@@ -110,10 +127,14 @@ UNARY: dict = {
     F.pixel_unshuffle: lambda x, downscale_factor: nn.PixelUnshuffle(downscale_factor),
     operator.mul: _scale, torch.mul: _scale,
     operator.truediv: lambda x, c: _scale(x, c, divide=True),
+    torch.transpose: _transpose, torch.swapaxes: _transpose, torch.swapdims: _transpose,
+    torch.permute: _permute,
 }
 BINARY: dict = {operator.add: _add, torch.add: _add}
+TRANSPOSES: dict = {"transpose": _transpose, "swapaxes": _transpose, "swapdims": _transpose,
+                    "permute": _permute}
 METHODS: dict = {
-    "flatten": _flatten, "view": _view, "reshape": _view,
+    **TRANSPOSES, "flatten": _flatten, "view": _view, "reshape": _view,
     "div": lambda x, c: _scale(x, c, divide=True),
 }
 BINARY_METHODS: dict = {"add": _add, "mul": _scale}

@@ -16,12 +16,13 @@ from .graph_ops import Aggregate, InputAggregate
 from .indexing import Index, Reduce, Stack, Unsqueeze
 from .products import Multiply
 from .sequence import AddPositions
+from .structure import SwapLast
 
 # fresh zero-mean weights: output zero-mean given input (attention ends in its out_proj)
 AFFINE = (nn.Linear, *CONVS, nn.Embedding, nn.MultiheadAttention)
 LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, *AVG_POOLS, *RESIZES, *DROPOUTS, Add, Concat,
           Scale, Index, Reduce, Unsqueeze, Stack, Aggregate, InputAggregate, nn.LPPool1d,
-          nn.LPPool2d, nn.LPPool3d, AddPositions)
+          nn.LPPool2d, nn.LPPool3d, AddPositions, SwapLast)
 # modules after which every channel has the same kernel when every channel of their inputs has
 # (elementwise or the same map of positions for every channel; a sum or product of such inputs)
 SAME_PER_CHANNEL = (*FORMS, Elementwise, nn.Identity, *DROPOUTS, *AVG_POOLS, nn.Upsample,

@@ -1,5 +1,7 @@
-"""Converters of structural modules: ``nn.Identity``, ``nn.Flatten``, ``nn.Unflatten``."""
+"""Converters of structural modules: ``nn.Identity``, ``nn.Flatten``, ``nn.Unflatten``, dropout,
+and :class:`SwapLast`, a traced ``x.transpose(1, 2)``."""
 
+import torch
 from torch import nn
 
 from .. import stax
@@ -10,6 +12,18 @@ from .registry import Context, register
 @register(nn.Identity)
 def _identity(module: nn.Identity, ctx: Context) -> stax.Layer:
     return stax.Identity()
+
+
+class SwapLast(nn.Module):
+    """``x.transpose(1, 2)`` of ``(N, C, L)`` or ``(N, L, C)`` (``stax.SwapLast``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2)
+
+
+@register(SwapLast)
+def _swap_last(module: SwapLast, ctx: Context) -> stax.Layer:
+    return stax.SwapLast()
 
 
 @register(nn.Flatten)

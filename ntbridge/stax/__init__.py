@@ -22,7 +22,7 @@ from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, LPPool1, MaxPool
 from .products import FanInProd
 from .reshape import Flatten, Unflatten
 from .resize import PixelShuffle, PixelUnshuffle, Upsample
-from .sequence import TokenMean, TokenSelect
+from .sequence import SwapLast, TokenMean, TokenSelect
 from .softmax_moments import Rule
 from .transpose import ConvTranspose
 
@@ -33,7 +33,7 @@ __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
            "Identity", "Index", "InputAggregate", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
            "Numerical", "Outer", "PARAMETERIZATIONS", "Pick", "Piece", "Pieces", "PixelShuffle",
            "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "Rule",
-           "Scale", "SelfAttention", "Sign", "Sin", "Stds", "TokenMean", "TokenSelect",
+           "Scale", "SelfAttention", "Sign", "Sin", "Stds", "SwapLast", "TokenMean", "TokenSelect",
            "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag", "elementwise",
            "features_last_kernel", "input_kernel", "parallel", "sequence_kernel", "serial",
            "with_hyper"]

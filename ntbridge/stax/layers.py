@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
-from .kernel import Kernel, features_last_kernel
+from .kernel import Kernel, features_last_kernel, input_kernel
 
 Shape = tuple[int, ...]
 PARAMETERIZATIONS = ("standard", "ntk")
@@ -104,7 +104,8 @@ def with_hyper(layer: Layer, hyper: Any = None) -> Callable[[Kernel], Kernel]:
 def channels_first(layer: Layer) -> Layer:
     """``layer``, whose rule reads kernels of channels-first inputs ``(N, C, *S)`` (convolutions,
     pooling, BatchNorm, resizing), refusing kernels of sequences ``(N, T, d)``, features last,
-    which torch would read with the tokens as channels.
+    which torch would read with the tokens as channels. Reading a network's input, it reads it
+    channels first (not as the sequences of attention later on, after a ViT's patch embedding).
 
     Example:
         >>> k = sequence_kernel(jnp.ones((2, 5, 3)), None, compute_ntk=False,
@@ -123,7 +124,7 @@ def channels_first(layer: Layer) -> Layer:
                 "part of the model, or use ntbridge.empirical_ntk.")
         return layer.kernel_fn(k, *hyper)
 
-    return layer._replace(kernel_fn=kernel_fn)
+    return layer._replace(kernel_fn=kernel_fn, input_kernel=layer.input_kernel or input_kernel)
 
 
 def affine_hyper(W_std: float, b_std: float | None) -> dict[str, float]:

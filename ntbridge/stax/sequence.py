@@ -1,5 +1,6 @@
 """Sequences ``(N, T, d)``, features last: the heads that pool the tokens (their input kernel is
-:func:`~ntbridge.stax.kernel.sequence_kernel`).
+:func:`~ntbridge.stax.kernel.sequence_kernel`), and the swap between a 1-D signal's positions and
+a sequence's tokens.
 
 A kernel of sequences keeps every pair of tokens (``(N1, N2, T, T')``, :class:`Kernel` with
 ``tokens``): per-token layers (Linear, activations, LayerNorm of the last axis, Dropout) act on
@@ -8,6 +9,8 @@ tokens (``x.mean(1)``: the mean over all token pairs) or one token (``x[:, i]``:
 """
 
 from __future__ import annotations
+
+import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel, spatial_diagonal
@@ -70,3 +73,33 @@ def TokenSelect(index: int) -> Layer:
         return _head(k, pick)
 
     return Layer(init_fn, lambda params, x: x[:, index], kernel_fn, affine=True)
+
+
+def SwapLast() -> Layer:
+    """``x.transpose(1, 2)`` of ``(N, C, L) <-> (N, L, C)``: a channels-first 1-D signal's positions
+    become a sequence's tokens, its channels the features (a ViT's patch embedding,
+    ``conv(x).flatten(2).transpose(1, 2)``), or back (a convolution over the tokens,
+    ``conv(h.transpose(1, 2)).transpose(1, 2)``). The kernel's arrays stay as they are (every pair of
+    positions is every pair of tokens, ``(N1, N2, L, L')``); the channels change axis.
+
+    Example:
+        >>> SwapLast().init_fn(jax.random.key(0), (4, 16, 9))[0]
+        (4, 9, 16)
+    """
+    swap = lambda shape: (shape[0], shape[2], shape[1])
+
+    def check(shape) -> None:
+        if len(shape) != 3:
+            raise UnsupportedLayerError(
+                f"transpose(1, 2) of outputs {tuple(shape)}: only (N, C, L) <-> (N, L, C), positions "
+                f"<-> tokens, has a kernel rule; flatten the positions first (x.flatten(2)).")
+
+    def init_fn(key, shape):
+        check(shape)
+        return swap(tuple(shape)), {}
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        check(k.shape1)
+        return k.replace(shape1=swap(k.shape1), shape2=swap(k.shape2), tokens=not k.tokens)
+
+    return Layer(init_fn, lambda params, x: jnp.swapaxes(x, 1, 2), kernel_fn, affine=True)
