@@ -533,21 +533,23 @@ def test_channels_first_layers_refuse_sequences(layer, before):
 
 
 class PatchEncoder(nn.Module):
-    """A ViT's start: 4 x 4 patches embedded by a strided Conv2d (``patches=False``: the model's
-    inputs are the flattened patches, embedded by the same weights as a Linear), learned
-    positions, an encoder layer, mean pooling, a Linear."""
+    """A small ViT: 4 x 4 patches embedded by a strided Conv2d (``patches=False``: the model's
+    inputs are the flattened patches, embedded by the same weights as a Linear), a class token,
+    learned positions, an encoder layer, the class token's output through a Linear."""
 
     def __init__(self, patches: bool):
         super().__init__()
         self.patches, self.embed = patches, nn.Conv2d(3, 16, 4, stride=4)
         self.linear = nn.Linear(48, 16)
-        self.pos = nn.Parameter(0.5 * torch.randn(4, 16))
+        self.cls = nn.Parameter(torch.randn(1, 1, 16))
+        self.pos = nn.Parameter(0.5 * torch.randn(5, 16))
         self.enc = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
         self.head = nn.Linear(16, 1)
 
     def forward(self, x):
         h = self.linear(x) if self.patches else self.embed(x).flatten(2).transpose(1, 2)
-        return self.head(self.enc(h + self.pos).mean(1))
+        h = torch.cat([self.cls.expand(x.shape[0], -1, -1), h], dim=1)
+        return self.head(self.enc(h + self.pos)[:, 0])
 
 
 def _patches(x, p=4):
@@ -559,9 +561,9 @@ def _patches(x, p=4):
 
 @pytest.mark.slow
 def test_image_patches_become_tokens():
-    """``conv(x).flatten(2).transpose(1, 2)`` makes the patches' positions tokens: the kernels
-    of the model fed the flattened patches, embedded by a Linear (the same weights and init), to
-    rounding; and ``transpose(1, 2)`` around a 1x1 Conv1d over tokens is a per-token Linear."""
+    """``conv(x).flatten(2).transpose(1, 2)`` makes the patches' positions tokens (a ViT, with a
+    class token): the kernels of the model fed the flattened patches, embedded by a Linear (the
+    same weights and init), to rounding; and ``transpose(1, 2)`` around a 1x1 Conv1d over tokens is a per-token Linear."""
     torch.manual_seed(0)
     images, vit = torch.randn(3, 3, 8, 8, dtype=torch.float64), PatchEncoder(False).double().eval()
     flat = PatchEncoder(True).double().eval()
@@ -577,6 +579,46 @@ def test_image_patches_become_tokens():
     for got, expected in zip(ntbridge.kernel(over_tokens.double(), x, attention="linear"),
                              ntbridge.kernel(per_token.double(), x, attention="linear")):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+
+
+class ClassToken(nn.Module):
+    """A learned class token joining attention's tokens: ``torch.cat([cls, h], dim=1)``, the token
+    made by ``expand`` or ``repeat``."""
+
+    def __init__(self, repeat=False):
+        super().__init__()
+        self.attn, self.repeat = Attention(8, 2), repeat
+        self.cls = nn.Parameter(0.3 * torch.randn(1, 1, 8))
+
+    def forward(self, x):
+        n = x.shape[0]
+        cls = self.cls.repeat(n, 1, 1) if self.repeat else self.cls.expand(n, -1, -1)
+        return torch.cat([cls, self.attn(x)], dim=1)
+
+
+@pytest.mark.parametrize("repeat", [False, True])
+@pytest.mark.parametrize("parameterization", ["standard", "ntk"])
+def test_a_class_token_is_one_vector_for_every_example(repeat, parameterization):
+    """The token's kernel is its variance (read from the values) for every pair of examples, its
+    NTK 1 (NTK parameterization: the variance), zero with the other tokens, whose kernels are
+    attention's alone; torch's forward to rounding."""
+    torch.manual_seed(0)
+    model = ClassToken(repeat).double()
+    x, y = torch.randn(3, 4, 8, dtype=torch.float64), torch.randn(2, 4, 8, dtype=torch.float64)
+    graph = ntbridge.convert(model)
+    with jax.enable_x64(True):
+        np.testing.assert_allclose(np.asarray(graph.apply_fn(graph.params, jnp.asarray(x))),
+                                   model(x).detach().numpy(), rtol=1e-12, atol=1e-12)
+    got = ntbridge.kernel(model, x, y, attention="linear", parameterization=parameterization)
+    alone = ntbridge.kernel(model.attn, x, y, attention="linear", parameterization=parameterization)
+    var = model.cls.detach().pow(2).mean()
+    for k, a, own in ((got.nngp, alone.nngp, var), (got.ntk, alone.ntk,
+                                                     var if parameterization == "ntk" else 1.0)):
+        assert k.shape == (3, 2, 5, 5)
+        torch.testing.assert_close(k[..., 0, 0], torch.full((3, 2), float(own), dtype=k.dtype),
+                                   rtol=1e-14, atol=0)
+        assert (k[..., 0, 1:] == 0).all() and (k[..., 1:, 0] == 0).all()
+        torch.testing.assert_close(k[..., 1:, 1:], a, rtol=1e-14, atol=0)
 
 
 class Swapped(nn.Module):

@@ -56,7 +56,7 @@ def is_shape(a) -> bool:
             or (a.op == "call_function" and a.target is operator.getitem and is_shape(a.args[0])))
 
 
-def _is_batch_size(a) -> bool:
+def is_batch_size(a) -> bool:
     """Whether fx node ``a`` is ``t.size(0)``, ``t.shape[0]`` or ``t.size()[0]``."""
     if not isinstance(a, fx.Node):
         return False
@@ -67,7 +67,7 @@ def _is_batch_size(a) -> bool:
 
 def _view(x, *shape) -> nn.Module:
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-    if len(shape) == 2 and _is_batch_size(shape[0]) and shape[1] == -1:
+    if len(shape) == 2 and is_batch_size(shape[0]) and shape[1] == -1:
         return nn.Flatten()
     raise UnsupportedLayerError(
         "only reshapes that flatten each example are supported: x.view(x.size(0), -1), "

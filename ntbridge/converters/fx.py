@@ -36,8 +36,8 @@ from .indexing import Stack
 from .layout import batch_first_form, swapped
 from .products import Multiply
 from .registry import Options
-from .sequence import (PositionsView, counts, is_arange, is_positions, position_view,
-                       positions)
+from .sequence import (PositionsView, counts, is_arange, is_positions, learned_token,
+                       position_view, positions)
 from .tracing import constant, describe, trace
 
 
@@ -128,6 +128,10 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
             index[node] = len(nodes)
             nodes.append(make_node(len(nodes), owner, module, (_source(x, index, describe(node)),),
                                    options, describe(node)))
+        elif (token := learned_token(node, attrs, params)) is not None:  # the batch's copies
+            owner, module = token
+            index[node] = len(nodes)
+            nodes.append(make_node(len(nodes), owner, module, (INPUT,), options, describe(node)))
         elif node.op == "output":
             if node.args[0] in time_major:
                 raise ConversionError("forward returns a time-major sequence (T, N, d); "

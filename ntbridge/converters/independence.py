@@ -15,11 +15,12 @@ from .graph import Node
 from .graph_ops import Aggregate, InputAggregate
 from .indexing import Index, Reduce, Stack, Unsqueeze
 from .products import Multiply
-from .sequence import AddPositions
+from .sequence import AddPositions, LearnedToken
 from .structure import SwapLast
 
-# fresh zero-mean weights: output zero-mean given input (attention ends in its out_proj)
-AFFINE = (nn.Linear, *CONVS, nn.Embedding, nn.MultiheadAttention)
+# fresh zero-mean weights: output zero-mean given input (attention ends in its out_proj; a
+# learned token is such a weight itself)
+AFFINE = (nn.Linear, *CONVS, nn.Embedding, nn.MultiheadAttention, LearnedToken)
 LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, *AVG_POOLS, *RESIZES, *DROPOUTS, Add, Concat,
           Scale, Index, Reduce, Unsqueeze, Stack, Aggregate, InputAggregate, nn.LPPool1d,
           nn.LPPool2d, nn.LPPool3d, AddPositions, SwapLast)

@@ -1,11 +1,14 @@
-"""Positional embeddings added to a sequence in a traced ``forward`` (:mod:`.fx`): the nodes that
-make them, the module standing for ``x + P`` and its converter. (The heads ``x.mean(1)`` and
+"""Positional embeddings added to a sequence in a traced ``forward`` (:mod:`.fx`), and learned
+tokens joining it (a ViT's class token): the nodes that make them, the modules standing for them
+and their converters. (The heads ``x.mean(1)`` and
 ``x[:, i]`` are :mod:`.indexing`'s, whose rules read sequences too.)
 
 ``P`` is a parameter of the model, ``(L, d)`` or ``(1, L, d)``, added whole (``x + self.pos``,
 ``self.pos[None]``) or by its first T rows (``self.pos[:T]``, ``self.pos[None, :T]``,
 ``self.pos[:, :T]``), or the rows an ``nn.Embedding`` of positions gives ``torch.arange(T)``
-(``x + self.wpe(torch.arange(T, device=ids.device))``).
+(``x + self.wpe(torch.arange(T, device=ids.device))``). A learned token is a parameter ``(1, 1,
+d)`` expanded to the batch, ``self.cls.expand(x.shape[0], -1, -1)`` (or ``.repeat(N, 1, 1)``),
+then concatenated with the tokens (``torch.cat([cls, h], dim=1)``).
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from torch import fx, nn
 
 from .. import stax
 from ..errors import UnsupportedLayerError
-from ..stax.embedding import Positions
-from .equivalents import is_shape
+from ..stax.embedding import Positions, Token
+from .equivalents import is_batch_size, is_shape
 from .registry import Context, register
 
 
@@ -44,18 +47,43 @@ class AddPositions(nn.Module):
         return f"{self.name}{rows}: {tuple(getattr(self, self.name).shape)}"
 
 
-@register(AddPositions)
-def _positions(module: AddPositions, ctx: Context) -> stax.Layer:
-    p = getattr(module, module.name)
+class LearnedToken(nn.Module):
+    """``P.expand(N, -1, -1)`` for the model's parameter ``P`` ``(1, 1, d)`` and the ``N`` examples
+    of ``x``, registered here under its own attribute name ``name``."""
+
+    def __init__(self, name: str, parameter: nn.Parameter):
+        super().__init__()
+        self.name, self.init_std = name, None
+        self.register_parameter(name, parameter)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, self.name).expand(x.shape[0], -1, -1)
+
+
+def _std(module: AddPositions | LearnedToken, ctx: Context) -> float:
+    """The standard deviation of the module's parameter's entries: the explicit ``W_std``, that
+    of torch's init, or (a bare parameter has no default init) read from the values."""
     o = ctx.options
     explicit = o.explicit(o.W_std, ctx.name)
     if explicit is not None:
         std = float(explicit)
     elif module.init_std is not None and o.init == "torch":
         std = module.init_std
-    else:  # no default init to assume: read from the values
-        std = p.detach().double().pow(2).mean().sqrt().item()
+    else:
+        std = getattr(module, module.name).detach().double().pow(2).mean().sqrt().item()
     ctx.hyper = {"W_std": std}
+    return std
+
+
+@register(LearnedToken)
+def _token(module: LearnedToken, ctx: Context) -> stax.Layer:
+    return Token(getattr(module, module.name).shape[-1], std=_std(module, ctx),
+                 parameterization=ctx.options.parameterization, name=module.name)
+
+
+@register(AddPositions)
+def _positions(module: AddPositions, ctx: Context) -> stax.Layer:
+    p, o, std = getattr(module, module.name), ctx.options, _std(module, ctx)
     return Positions(p.shape[-2], p.shape[-1], std=std, batched=p.ndim == 3,
                      parameterization=o.parameterization, name=module.name, prefix=module.prefix)
 
@@ -167,3 +195,20 @@ def positions(node: fx.Node, attrs: dict, views: dict) -> tuple[str, AddPosition
     view = _view(p, attrs, views)
     owner, _, local = view.name.rpartition(".")
     return owner, AddPositions(local, view.tensor, view.prefix, view.init_std), x
+
+
+def learned_token(node: fx.Node, attrs: dict, params: dict) -> tuple[str, LearnedToken] | None:
+    """For ``P.expand(N, -1, -1)`` or ``P.repeat(N, 1, 1)`` (N a batch size) of a parameter ``P``
+    ``(1, 1, d)`` of the model: the qualified name of its owner and the :class:`LearnedToken`
+    holding it; else None."""
+    if node.op != "call_method" or node.target not in ("expand", "repeat") or node.kwargs:
+        return None
+    p, *sizes = node.args
+    sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+    rest = (-1, -1) if node.target == "expand" else (1, 1)
+    if (p not in attrs or p.target not in params or tuple(attrs[p].shape[:2]) != (1, 1)
+            or attrs[p].ndim != 3 or len(sizes) != 3 or not is_batch_size(sizes[0])
+            or tuple(sizes[1:]) not in (rest, tuple(attrs[p].shape[1:]))):
+        return None
+    owner, _, local = p.target.rpartition(".")
+    return owner, LearnedToken(local, attrs[p])

@@ -13,7 +13,7 @@ from .conv import Conv
 from .dropout import Dropout
 from .graph import Aggregate, GraphFeatures, InputAggregate
 from .indexing import FanInStack, Index, Reduce, Unsqueeze
-from .embedding import Embedding, Positions
+from .embedding import Embedding, Positions, Token
 from .kernel import Kernel, features_last_kernel, input_kernel, sequence_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer, with_hyper
 from .normalization import BatchNorm, ChannelMoments, LayerNorm
@@ -33,7 +33,7 @@ __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
            "Identity", "Index", "InputAggregate", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
            "Numerical", "Outer", "PARAMETERIZATIONS", "Pick", "Piece", "Pieces", "PixelShuffle",
            "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "Rule",
-           "Scale", "SelfAttention", "Sign", "Sin", "Stds", "SwapLast", "TokenMean", "TokenSelect",
-           "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag", "elementwise",
+           "Scale", "SelfAttention", "Sign", "Sin", "Stds", "SwapLast", "Token", "TokenMean",
+           "TokenSelect", "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag", "elementwise",
            "features_last_kernel", "input_kernel", "parallel", "sequence_kernel", "serial",
            "with_hyper"]

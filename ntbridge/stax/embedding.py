@@ -5,7 +5,9 @@
 every pair of tokens, and 0 where either is ``padding_idx`` (a zero row that is not trained). A
 learned positional embedding ``x + P`` (``P`` of shape ``(T, d)`` with entries of variance
 ``std**2``) adds ``std**2 [t == t']``; its NTK adds ``[t == t']`` (``std**2`` in the NTK
-parameterization), as a bias of each token would.
+parameterization), as a bias of each token would. A learned token ``c`` (a ViT's class token,
+``(1, 1, d)``) is the same vector in every example: its kernel is ``std**2`` for every pair of
+examples (NTK ``1``, or ``std**2``), and it is uncorrelated with the other tokens it joins.
 """
 
 from __future__ import annotations
@@ -116,3 +118,29 @@ def Positions(length: int, dim: int, *, std: float, batched: bool = False,
                          ntk=None if k.ntk is None else k.ntk + own)
 
     return Layer(init_fn, apply_fn, kernel_fn)
+
+
+def Token(dim: int, *, std: float, parameterization: str = "standard",
+          name: str = "weight") -> Layer:
+    """A learned token ``P`` of shape ``(1, 1, dim)`` for each example of any input ``x``:
+    ``P.expand(N, -1, -1)``, ``(N, ...) -> (N, 1, dim)``, entries of standard deviation ``std``
+    (module doc); ``torch.cat([token, h], dim=1)`` puts it before the tokens of ``h``.
+
+    Example:
+        >>> Token(16, std=0.02).init_fn(jax.random.key(0), (4, 7, 16))[0]
+        (4, 1, 16)
+    """
+    one = lambda shape: (shape[0], 1, dim)
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        tokens = (1,) if k.diagonal_spatial else (1, 1)
+        full = lambda value, *batch: jnp.full((*batch, *tokens), value, k.nngp.dtype)
+        n1, n2 = k.shape1[0], k.shape2[0]
+        own = std ** 2 if parameterization == "ntk" else 1.0
+        return k.replace(nngp=full(std ** 2, n1, n2), cov1=full(std ** 2, n1),
+                         cov2=full(std ** 2, n2), ntk=None if k.ntk is None else full(own, n1, n2),
+                         shape1=one(k.shape1), shape2=one(k.shape2), is_gaussian=True,
+                         tokens=True, ids1=None, ids2=None)
+
+    return Layer(lambda key, shape: (one(shape), {name: _sample(key, (1, 1, dim), std, "normal")}),
+                 lambda params, x: jnp.broadcast_to(params[name], one(x.shape)), kernel_fn)
