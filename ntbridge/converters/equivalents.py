@@ -1,10 +1,11 @@
 """Functional calls in a traced ``forward`` as the module instances computing them
 (:func:`equivalent`): ``F.gelu(x, approximate=a)`` -> ``nn.GELU(a)`` as every activation's
 functional and method forms (:mod:`.functional`), ``x.view(x.size(0), -1)`` -> ``nn.Flatten()``,
-``F.interpolate`` -> ``nn.Upsample``, ``x.transpose(1, 2)`` -> :class:`~.structure.SwapLast`, ``+`` -> :class:`~.combinators.Add`, ``torch.cat`` ->
-:class:`~.combinators.Concat`, products and quotients by constants -> :class:`~.combinators.Scale`,
-the product of two tensors -> :class:`~.products.Multiply`, indexing, reductions and stacks ->
-:mod:`.indexing`'s, ``h @ M`` -> :mod:`.graph_ops`'."""
+``F.interpolate`` -> ``nn.Upsample``, ``x.transpose(1, 2)`` -> :class:`~.structure.SwapLast`,
+``+`` -> :class:`~.combinators.Add`, ``torch.cat`` -> :class:`~.combinators.Concat`, products and
+quotients by constants -> :class:`~.combinators.Scale`, the product of two tensors ->
+:class:`~.products.Multiply`, indexing, reductions and stacks -> :mod:`.indexing`'s, ``h @ M`` ->
+:mod:`.graph_ops`'."""
 
 from __future__ import annotations
 
@@ -131,10 +132,9 @@ UNARY: dict = {
     torch.permute: _permute,
 }
 BINARY: dict = {operator.add: _add, torch.add: _add}
-TRANSPOSES: dict = {"transpose": _transpose, "swapaxes": _transpose, "swapdims": _transpose,
-                    "permute": _permute}
 METHODS: dict = {
-    **TRANSPOSES, "flatten": _flatten, "view": _view, "reshape": _view,
+    "transpose": _transpose, "swapaxes": _transpose, "swapdims": _transpose, "permute": _permute,
+    "flatten": _flatten, "view": _view, "reshape": _view,
     "div": lambda x, c: _scale(x, c, divide=True),
 }
 BINARY_METHODS: dict = {"add": _add, "mul": _scale}

@@ -36,7 +36,7 @@ from .indexing import Stack
 from .layout import batch_first_form, swapped
 from .products import Multiply
 from .registry import Options
-from .sequence import (PositionsView, counts, is_arange, is_positions, learned_token,
+from .sequence import (PositionsView, is_arange, is_arange_value, is_positions, learned_token,
                        position_view, positions)
 from .tracing import constant, describe, trace
 
@@ -70,7 +70,7 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     for node in graph.nodes:
         if (value := constant(model, node, constants)) is not None:
             constants[node] = value
-            if counts(value):  # torch.arange(T) of an int T, computed by the trace
+            if is_arange_value(value):  # torch.arange(T) of an int T, computed by the trace
                 aranges.add(node)
             continue
         if (view := adjacency_view(node, adjacencies)) is not None:
@@ -188,8 +188,9 @@ def _located(fn: Callable, where: str) -> Callable:
 def _direct_use(name: str, where: str) -> UnsupportedLayerError:
     return UnsupportedLayerError(
         f"{where} uses the tensor '{name}' directly; only a learned positional embedding added to "
-        f"a sequence (x + self.pos) is supported. Wrap the computation in a module and register a "
-        f"converter for it.")
+        f"a sequence (x + self.pos) and a class token expanded to the batch (self.cls.expand(N, "
+        f"-1, -1)) are supported. Wrap the computation in a module and register a converter for "
+        f"it.")
 
 
 def _source(a, index: dict, where: str) -> int:

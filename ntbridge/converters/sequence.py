@@ -1,7 +1,7 @@
 """Positional embeddings added to a sequence in a traced ``forward`` (:mod:`.fx`), and learned
 tokens joining it (a ViT's class token): the nodes that make them, the modules standing for them
-and their converters. (The heads ``x.mean(1)`` and
-``x[:, i]`` are :mod:`.indexing`'s, whose rules read sequences too.)
+and their converters. (The heads ``x.mean(1)`` and ``x[:, i]`` are :mod:`.indexing`'s, whose
+rules read sequences too.)
 
 ``P`` is a parameter of the model, ``(L, d)`` or ``(1, L, d)``, added whole (``x + self.pos``,
 ``self.pos[None]``) or by its first T rows (``self.pos[:T]``, ``self.pos[None, :T]``,
@@ -125,7 +125,7 @@ def is_arange(node: fx.Node, aranges: set) -> bool:
     return found is not None and found[1] == (None,) and found[0] in aranges
 
 
-def counts(value) -> bool:
+def is_arange_value(value) -> bool:
     """Whether a constant is ``torch.arange(T)`` (or ``[None]`` of it): ``torch.arange(6)`` of an
     int, which fx computes while tracing."""
     return (isinstance(value, torch.Tensor) and not value.is_floating_point()
@@ -205,10 +205,11 @@ def learned_token(node: fx.Node, attrs: dict, params: dict) -> tuple[str, Learne
         return None
     p, *sizes = node.args
     sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
-    rest = (-1, -1) if node.target == "expand" else (1, 1)
-    if (p not in attrs or p.target not in params or tuple(attrs[p].shape[:2]) != (1, 1)
-            or attrs[p].ndim != 3 or len(sizes) != 3 or not is_batch_size(sizes[0])
-            or tuple(sizes[1:]) not in (rest, tuple(attrs[p].shape[1:]))):
+    if (p not in attrs or p.target not in params or attrs[p].ndim != 3
+            or attrs[p].shape[:2] != (1, 1) or len(sizes) != 3):
+        return None
+    kept = (-1, *attrs[p].shape[1:]) if node.target == "expand" else (1,)  # sizes that keep it
+    if not is_batch_size(sizes[0]) or any(size not in kept for size in sizes[1:]):
         return None
     owner, _, local = p.target.rpartition(".")
     return owner, LearnedToken(local, attrs[p])
