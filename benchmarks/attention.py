@@ -8,6 +8,8 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
   steady call of each library as its users make it (``ntbridge.kernel`` of the torch model,
   ``attention="linear"``; NT's jitted ``kernel_fn``, in a child process), calls alternating
   between the two, on the same inputs;
+* ``first``: the first call of each library on that network in a fresh process (N = 128, float64
+  and float32; ntbridge's program cache empty), processes alternating;
 * ``sandwich``: ``a1[n] c[n, m] a2[m]^T`` (what the linear-scaling layer computes) as
   ``stax.attention.sandwich``'s batched matrix products against ``2 T`` broadcast products fused
   by XLA, each form in the program of the linear-scaling network's analytic kernel (N = 128, in
@@ -45,7 +47,7 @@ D, HEADS, ROUNDS = 16, 2, 9
 STDS = dict(qk=0.5 ** 0.5, v=0.5 ** 0.5, o=3 ** -0.5)
 
 NT_SERVER = """
-import json, sys, time
+import gc, json, sys, time
 import jax, numpy as np
 n, t, d, heads, dtype, qk, v, o, path = json.loads(sys.argv[1])
 jax.config.update("jax_enable_x64", dtype == "float64")
@@ -55,13 +57,33 @@ att = lambda: stax.GlobalSelfAttention(d, d, d, heads, linear_scaling=True, W_ke
 _, _, kernel_fn = stax.serial(att(), stax.Relu(), att())
 x = np.random.default_rng(0).standard_normal((n, t, d)).astype(dtype)
 fn = jax.jit(kernel_fn, static_argnames="get")
-k = fn(x, None, get=("nngp", "ntk"))
+gc.collect()
+start = time.perf_counter()
+k = jax.block_until_ready(fn(x, None, get=("nngp", "ntk")))
+first = time.perf_counter() - start
 np.savez(path, nngp=np.asarray(k.nngp), ntk=np.asarray(k.ntk))
-print("ready", flush=True)
+print(first, flush=True)  # the first call: compiled and computed
 for _ in sys.stdin:  # one timed call per line
     start = time.perf_counter()
     fn(x, None, get=("nngp", "ntk")).ntk.block_until_ready()
     print(time.perf_counter() - start, flush=True)
+"""
+
+
+# ntbridge's first call in a fresh process (empty program cache), as NT_SERVER's: argv = the
+# benchmarks folder, then [n, t, dtype]
+OURS_FIRST = """
+import gc, json, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np, torch, ntbridge
+from attention import D, linear_model
+n, t, dtype = json.loads(sys.argv[2])
+x = torch.from_numpy(np.random.default_rng(0).standard_normal((n, t, D)).astype(dtype))
+model, kernel = linear_model(dtype), ntbridge.kernel  # ntbridge imports its modules on first use
+gc.collect()
+start = time.perf_counter()
+kernel(model, x, attention="linear", parameterization="ntk")
+print(time.perf_counter() - start)
 """
 
 
@@ -122,6 +144,33 @@ def linear_rows(nt_python: str | None) -> None:
         mine, theirs = statistics.median(ours_times), statistics.median(nt_times)
         print(f"{label}, time (median of {ROUNDS}, alternating): ours {mine * 1e3:.1f} ms, NT "
               f"{theirs * 1e3:.1f} ms: {mine / theirs:.2f}x")
+
+
+def first_rows(nt_python: str, rounds: int = 3) -> None:
+    """The first call of each library in a fresh process (ntbridge's program cache empty, a full
+    garbage collection before both clocks), processes alternating, at the sizes users run."""
+    import os
+    import tempfile
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for n, t, dtype in SIZES[1:3]:
+        ours, theirs = [], []
+        for _ in range(rounds):
+            with tempfile.TemporaryDirectory() as folder:
+                env = {**os.environ, "NTBRIDGE_CACHE_DIR": folder}
+                ours.append(float(subprocess.run(
+                    [sys.executable, "-c", OURS_FIRST, here, json.dumps([n, t, dtype])], env=env,
+                    capture_output=True, text=True, check=True).stdout.split()[-1]))
+                nt = subprocess.Popen([nt_python, "-c", NT_SERVER, json.dumps(
+                    [n, t, D, HEADS, dtype, STDS["qk"], STDS["v"], STDS["o"],
+                     f"{folder}/nt.npz"])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL, text=True)
+                theirs.append(float(nt.stdout.readline()))
+                nt.stdin.close()
+                nt.wait()
+        mine, nts = statistics.median(ours), statistics.median(theirs)
+        print(f"linear-scaling N={n} T={t} {dtype}, first call in a fresh process (median of "
+              f"{rounds}, alternating): ours {mine:.2f} s, NT {nts:.2f} s: {mine / nts:.2f}x")
 
 
 def _timed(fn) -> float:
@@ -240,10 +289,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nt-python", help="a Python with Neural Tangents 0.6.5")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rows", default="linear,sandwich,sweep,classifier")
+    parser.add_argument("--rows", default="linear,first,sandwich,sweep,classifier")
     args = parser.parse_args()
     if "linear" in args.rows:
         linear_rows(args.nt_python)
+    if "first" in args.rows and args.nt_python:
+        first_rows(args.nt_python)
     if "sandwich" in args.rows:
         sandwich_rows()
     if "sweep" in args.rows:
