@@ -104,6 +104,15 @@ def linear_model(dtype: str):
     return nn.Sequential(Attention(), nn.ReLU(), Attention()).to(getattr(torch, dtype))
 
 
+def _nt_server(nt_python: str, n: int, t: int, dtype: str, path: str):
+    """NT_SERVER started, its first call made (its kernels saved to ``path``): the process, and
+    that call's seconds."""
+    nt = subprocess.Popen([nt_python, "-c", NT_SERVER, json.dumps(
+        [n, t, D, HEADS, dtype, STDS["qk"], STDS["v"], STDS["o"], path])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return nt, float(nt.stdout.readline())
+
+
 def linear_rows(nt_python: str | None) -> None:
     import tempfile
 
@@ -123,11 +132,7 @@ def linear_rows(nt_python: str | None) -> None:
             continue
         with tempfile.TemporaryDirectory() as folder:
             path = f"{folder}/nt.npz"
-            nt = subprocess.Popen([nt_python, "-c", NT_SERVER, json.dumps(
-                [n, t, D, HEADS, dtype, STDS["qk"], STDS["v"], STDS["o"], path])],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                text=True)
-            nt.stdout.readline()  # compiled, kernels saved
+            nt, _ = _nt_server(nt_python, n, t, dtype, path)
             reference = np.load(path)
             for name in ("nngp", "ntk"):
                 ref, got = reference[name], getattr(kernels, name).numpy()
@@ -161,11 +166,8 @@ def first_rows(nt_python: str, rounds: int = 3) -> None:
                 ours.append(float(subprocess.run(
                     [sys.executable, "-c", OURS_FIRST, here, json.dumps([n, t, dtype])], env=env,
                     capture_output=True, text=True, check=True).stdout.split()[-1]))
-                nt = subprocess.Popen([nt_python, "-c", NT_SERVER, json.dumps(
-                    [n, t, D, HEADS, dtype, STDS["qk"], STDS["v"], STDS["o"],
-                     f"{folder}/nt.npz"])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL, text=True)
-                theirs.append(float(nt.stdout.readline()))
+                nt, first = _nt_server(nt_python, n, t, dtype, f"{folder}/nt.npz")
+                theirs.append(first)
                 nt.stdin.close()
                 nt.wait()
         mine, nts = statistics.median(ours), statistics.median(theirs)
