@@ -563,7 +563,8 @@ def _patches(x, p=4):
 def test_image_patches_become_tokens():
     """``conv(x).flatten(2).transpose(1, 2)`` makes the patches' positions tokens (a ViT, with a
     class token): the kernels of the model fed the flattened patches, embedded by a Linear (the
-    same weights and init), to rounding; and ``transpose(1, 2)`` around a 1x1 Conv1d over tokens is a per-token Linear."""
+    same weights and init), to rounding; and ``transpose(1, 2)`` around a 1x1 Conv1d over tokens
+    is a per-token Linear."""
     torch.manual_seed(0)
     images, vit = torch.randn(3, 3, 8, 8, dtype=torch.float64), PatchEncoder(False).double().eval()
     flat = PatchEncoder(True).double().eval()
@@ -638,7 +639,8 @@ def test_class_token_rows_against_monte_carlo():
 
 
 class Swapped(nn.Module):
-    """``layer`` applied channels first to a sequence: ``layer(h.transpose(1, 2)).transpose(1, 2)``."""
+    """``layer`` applied channels first to a sequence:
+    ``layer(h.transpose(1, 2)).transpose(1, 2)``."""
 
     def __init__(self, layer):
         super().__init__()

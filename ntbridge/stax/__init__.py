@@ -34,6 +34,6 @@ __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
            "Numerical", "Outer", "PARAMETERIZATIONS", "Pick", "Piece", "Pieces", "PixelShuffle",
            "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "Rule",
            "Scale", "SelfAttention", "Sign", "Sin", "Stds", "SwapLast", "Token", "TokenMean",
-           "TokenSelect", "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag", "elementwise",
-           "features_last_kernel", "input_kernel", "parallel", "sequence_kernel", "serial",
-           "with_hyper"]
+           "TokenSelect", "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag",
+           "elementwise", "features_last_kernel", "input_kernel", "parallel", "sequence_kernel",
+           "serial", "with_hyper"]

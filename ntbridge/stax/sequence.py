@@ -79,8 +79,8 @@ def SwapLast() -> Layer:
     """``x.transpose(1, 2)`` of ``(N, C, L) <-> (N, L, C)``: a channels-first 1-D signal's positions
     become a sequence's tokens, its channels the features (a ViT's patch embedding,
     ``conv(x).flatten(2).transpose(1, 2)``), or back (a convolution over the tokens,
-    ``conv(h.transpose(1, 2)).transpose(1, 2)``). The kernel's arrays stay as they are (every pair of
-    positions is every pair of tokens, ``(N1, N2, L, L')``); the channels change axis.
+    ``conv(h.transpose(1, 2)).transpose(1, 2)``). The kernel's arrays stay as they are (every pair
+    of positions is every pair of tokens, ``(N1, N2, L, L')``); the channels change axis.
 
     Example:
         >>> SwapLast().init_fn(jax.random.key(0), (4, 16, 9))[0]
@@ -91,8 +91,9 @@ def SwapLast() -> Layer:
     def check(shape) -> None:
         if len(shape) != 3:
             raise UnsupportedLayerError(
-                f"transpose(1, 2) of outputs {tuple(shape)}: only (N, C, L) <-> (N, L, C), positions "
-                f"<-> tokens, has a kernel rule; flatten the positions first (x.flatten(2)).")
+                f"transpose(1, 2) of outputs {tuple(shape)}: only (N, C, L) <-> (N, L, C), "
+                f"positions <-> tokens, has a kernel rule; flatten the positions first "
+                f"(x.flatten(2)).")
 
     def init_fn(key, shape):
         check(shape)
