@@ -30,6 +30,16 @@ def _flatten(x, start_dim=0, end_dim=-1) -> nn.Module:
     return nn.Flatten(start_dim, end_dim)
 
 
+def as_sizes(args: tuple) -> tuple:
+    """Sizes or dims given as torch takes them, ``x.view(a, b)`` or ``x.view((a, b))``: a tuple.
+
+    Example:
+        >>> as_sizes((2, 3)), as_sizes(([2, 3],))
+        ((2, 3), (2, 3))
+    """
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+
+
 def _transpose(x, dim0, dim1) -> nn.Module:
     if {dim0, dim1} not in ({1, 2}, {-1, -2}):
         raise UnsupportedLayerError(
@@ -39,7 +49,7 @@ def _transpose(x, dim0, dim1) -> nn.Module:
 
 
 def _permute(x, *dims) -> nn.Module:
-    dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+    dims = as_sizes(dims)
     if dims not in ((0, 2, 1), (0, -1, -2)):
         raise UnsupportedLayerError(f"permute{dims}: only permute(0, 2, 1) of (N, C, L) <-> "
                                     f"(N, L, C) and permute(1, 0, 2) of sequences are supported.")
@@ -67,7 +77,7 @@ def is_batch_size(a) -> bool:
 
 
 def _view(x, *shape) -> nn.Module:
-    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    shape = as_sizes(shape)
     if len(shape) == 2 and is_batch_size(shape[0]) and shape[1] == -1:
         return nn.Flatten()
     raise UnsupportedLayerError(

@@ -23,6 +23,7 @@ from ..errors import UnsupportedLayerError
 from .calls import ATTENTION_MODULES
 from .combinators import Add, Scale
 from .elementwise import Elementwise
+from .equivalents import as_sizes
 from .indexing import Index, Reduce
 from .products import Multiply
 
@@ -37,8 +38,7 @@ def swapped(node: fx.Node) -> fx.Node | None:
     if node.op == "call_method" and node.target in ("transpose", "swapaxes", "swapdims"):
         return args[0] if sorted(args[1:]) == [0, 1] else None
     if node.op == "call_method" and node.target == "permute":
-        dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
-        return args[0] if tuple(dims) == (1, 0, 2) else None
+        return args[0] if as_sizes(args[1:]) == (1, 0, 2) else None
     if node.op == "call_function" and node.target in (torch.transpose, torch.swapaxes):
         return args[0] if sorted(args[1:]) == [0, 1] else None
     return None

@@ -22,7 +22,7 @@ from torch import fx, nn
 from .. import stax
 from ..errors import UnsupportedLayerError
 from ..stax.embedding import Positions, Token
-from .equivalents import is_batch_size, is_shape
+from .equivalents import as_sizes, is_batch_size, is_shape
 from .registry import Context, register
 
 
@@ -204,7 +204,7 @@ def learned_token(node: fx.Node, attrs: dict, params: dict) -> tuple[str, Learne
     if node.op != "call_method" or node.target not in ("expand", "repeat") or node.kwargs:
         return None
     p, *sizes = node.args
-    sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+    sizes = as_sizes(sizes)
     if (p not in attrs or p.target not in params or attrs[p].ndim != 3
             or attrs[p].shape[:2] != (1, 1) or len(sizes) != 3):
         return None
