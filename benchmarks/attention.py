@@ -38,24 +38,33 @@ import time
 
 import numpy as np
 
-# linear-scaling workloads (N, T, dtype): the agreement size, then the sizes users run
-SIZES = [(16, 8, "float64"), (128, 16, "float64"), (128, 16, "float32"), (256, 16, "float64")]
-D, HEADS, ROUNDS = 16, 2, 9
-# torch's initialisation of nn.MultiheadAttention (converters/attention.py): W_std of the
-# queries, keys and values sqrt(1/2), of out_proj sqrt(1/3); NT's tied queries and keys take
-# W_query_std * W_key_std = sq**2
-STDS = dict(qk=0.5 ** 0.5, v=0.5 ** 0.5, o=3 ** -0.5)
-
 NT_SERVER = """
 import gc, json, sys, time
 import jax, numpy as np
-n, t, d, heads, dtype, qk, v, o, path = json.loads(sys.argv[1])
+network, n, t, dtype, stds, path = json.loads(sys.argv[1])
 jax.config.update("jax_enable_x64", dtype == "float64")
 from neural_tangents import stax
-att = lambda: stax.GlobalSelfAttention(d, d, d, heads, linear_scaling=True, W_key_std=qk,
-                                       W_query_std=qk, W_value_std=v, W_out_std=o)
-_, _, kernel_fn = stax.serial(att(), stax.Relu(), att())
-x = np.random.default_rng(0).standard_normal((n, t, d)).astype(dtype)
+qk, v, o, lin = stds
+att = lambda d, heads: stax.GlobalSelfAttention(d, d, d, heads, linear_scaling=True,
+                                                W_key_std=qk, W_query_std=qk, W_value_std=v,
+                                                W_out_std=o)
+if network == "pair":
+    d = %(D)d
+    _, _, kernel_fn = stax.serial(att(d, %(HEADS)d), stax.Relu(), att(d, %(HEADS)d))
+    x = np.random.default_rng(0).standard_normal((n, t, d)).astype(dtype)
+else:  # the text classifier; the embeddings as a Dense layer of one-hot ids and positions
+    vocab, d, heads = %(CLASSIFIER)s
+    ids = np.random.default_rng(0).integers(0, vocab, (n, t))
+    used, index = np.unique(ids, return_inverse=True)  # one-hot of the ids in use: same kernel
+    x = np.zeros((n, t, len(used) + t), dtype)
+    x[np.arange(n)[:, None], np.arange(t), index.reshape(n, t)] = 1
+    x[:, np.arange(t), len(used) + np.arange(t)] = 1
+    res = lambda f: stax.serial(stax.FanOut(2), stax.parallel(f, stax.Identity()), stax.FanInSum())
+    mlp = lambda: stax.serial(stax.Dense(4 * d, W_std=lin), stax.Relu(), stax.Dense(d, W_std=lin))
+    norm = lambda: stax.LayerNorm(axis=-1, eps=1e-5)
+    block = lambda: stax.serial(res(att(d, heads)), norm(), res(mlp()), norm())
+    _, _, kernel_fn = stax.serial(stax.Dense(d, W_std=x.shape[-1] ** 0.5), block(), block(),
+                                  stax.GlobalAvgPool(channel_axis=-1), stax.Dense(1, W_std=lin))
 fn = jax.jit(kernel_fn, static_argnames="get")
 gc.collect()
 start = time.perf_counter()
@@ -70,19 +79,37 @@ for _ in sys.stdin:  # one timed call per line
 """
 
 
+# linear-scaling workloads (network, N, T, dtype): "pair" is two attention layers with a ReLU
+# between them (the agreement size, then the sizes users run); "classifier" the text classifier
+# of the issue's speed target (N = 64, float32) and at the sizes users run
+SIZES = [("pair", 16, 8, "float64"), ("pair", 128, 16, "float64"), ("pair", 128, 16, "float32"),
+         ("pair", 256, 16, "float64"), ("pair", 256, 16, "float32"),
+         ("classifier", 64, 16, "float32"), ("classifier", 64, 16, "float64"),
+         ("classifier", 128, 16, "float32"), ("classifier", 128, 16, "float64"),
+         ("classifier", 256, 16, "float32"), ("classifier", 256, 16, "float64")]
+FIRST = [("pair", 128, 16, "float64"), ("pair", 128, 16, "float32"),
+         ("classifier", 64, 16, "float32"), ("classifier", 128, 16, "float64")]
+D, HEADS, ROUNDS = 16, 2, 9
+VOCAB, WIDTH, CLASSIFIER_HEADS = 1000, 64, 4
+# torch's initialisation of nn.MultiheadAttention (converters/attention.py): W_std of the
+# queries, keys and values sqrt(1/2), of out_proj sqrt(1/3); NT's tied queries and keys take
+# W_query_std * W_key_std = sq**2; nn.Linear's weights sqrt(1/3)
+STDS = (0.5 ** 0.5, 0.5 ** 0.5, 3 ** -0.5, 3 ** -0.5)
+
+NT_SERVER = NT_SERVER % dict(D=D, HEADS=HEADS, CLASSIFIER=(VOCAB, WIDTH, CLASSIFIER_HEADS))
+
 # ntbridge's first call in a fresh process (empty program cache), as NT_SERVER's: argv = the
-# benchmarks folder, then [n, t, dtype]
+# benchmarks folder, then [network, n, t, dtype]
 OURS_FIRST = """
 import gc, json, sys, time
 sys.path.insert(0, sys.argv[1])
-import numpy as np, torch, ntbridge
-from attention import D, linear_model
-n, t, dtype = json.loads(sys.argv[2])
-x = torch.from_numpy(np.random.default_rng(0).standard_normal((n, t, D)).astype(dtype))
-model, kernel = linear_model(dtype), ntbridge.kernel  # ntbridge imports its modules on first use
+import ntbridge
+from attention import workload
+model, inputs = workload(*json.loads(sys.argv[2]))
+kernel = ntbridge.kernel  # ntbridge imports its modules on first use
 gc.collect()
 start = time.perf_counter()
-kernel(model, x, attention="linear", parameterization="ntk")
+kernel(model, inputs, attention="linear", parameterization="ntk")
 print(time.perf_counter() - start)
 """
 
@@ -104,11 +131,51 @@ def linear_model(dtype: str):
     return nn.Sequential(Attention(), nn.ReLU(), Attention()).to(getattr(torch, dtype))
 
 
-def _nt_server(nt_python: str, n: int, t: int, dtype: str, path: str):
+def text_classifier(t: int, dtype: str = "float32", like_nt: bool = False):
+    """Embedding(1000, 64) + learned positions, 2 encoder layers of 4 heads, mean pooling, Linear
+    (eval mode). ``like_nt``: with the layers Neural Tangents has, no biases, LayerNorm without
+    affine parameters, and the positions an ``nn.Embedding`` of ``torch.arange(T)`` (variance 1:
+    NT's one-hot positions through the first Dense layer)."""
+    import torch
+    from torch import nn
+
+    class TextClassifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, WIDTH)
+            self.pos = nn.Embedding(t, WIDTH) if like_nt else nn.Parameter(
+                0.1 * torch.randn(t, WIDTH))
+            layer = nn.TransformerEncoderLayer(WIDTH, CLASSIFIER_HEADS, 4 * WIDTH,
+                                               batch_first=True, bias=not like_nt)
+            if like_nt:
+                layer.norm1, layer.norm2 = (nn.LayerNorm(WIDTH, elementwise_affine=False)
+                                            for _ in range(2))
+            self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = nn.Linear(WIDTH, 1, bias=not like_nt)
+
+        def forward(self, ids):
+            pos = self.pos(torch.arange(ids.shape[1])) if like_nt else self.pos
+            return self.head(self.enc(self.emb(ids) + pos).mean(1))
+
+    torch.manual_seed(0)
+    return TextClassifier().eval().to(getattr(torch, dtype))
+
+
+def workload(network: str, n: int, t: int, dtype: str):
+    """The torch model and inputs NT_SERVER's ``network`` takes (the same random inputs)."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    if network == "pair":
+        return linear_model(dtype), torch.from_numpy(rng.standard_normal((n, t, D)).astype(dtype))
+    return text_classifier(t, dtype, like_nt=True), torch.from_numpy(rng.integers(0, VOCAB, (n, t)))
+
+
+def _nt_server(nt_python: str, network: str, n: int, t: int, dtype: str, path: str):
     """NT_SERVER started, its first call made (its kernels saved to ``path``): the process, and
     that call's seconds."""
     nt = subprocess.Popen([nt_python, "-c", NT_SERVER, json.dumps(
-        [n, t, D, HEADS, dtype, STDS["qk"], STDS["v"], STDS["o"], path])],
+        [network, n, t, dtype, STDS, path])],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     return nt, float(nt.stdout.readline())
 
@@ -116,23 +183,20 @@ def _nt_server(nt_python: str, n: int, t: int, dtype: str, path: str):
 def linear_rows(nt_python: str | None) -> None:
     import tempfile
 
-    import torch
-
     import ntbridge
 
-    for n, t, dtype in SIZES:
-        x = np.random.default_rng(0).standard_normal((n, t, D)).astype(dtype)
-        model, inputs = linear_model(dtype), torch.from_numpy(x)
+    for network, n, t, dtype in SIZES:
+        model, inputs = workload(network, n, t, dtype)
         ours = lambda: ntbridge.kernel(model, inputs, attention="linear", parameterization="ntk")
         kernels = ours()
-        label = f"linear-scaling N={n} T={t} {dtype}"
+        label = f"linear-scaling {network} N={n} T={t} {dtype}"
         if nt_python is None:
             times = [_timed(ours) for _ in range(ROUNDS)]
             print(f"{label}: ours {statistics.median(times) * 1e3:.1f} ms (no NT environment)")
             continue
         with tempfile.TemporaryDirectory() as folder:
             path = f"{folder}/nt.npz"
-            nt, _ = _nt_server(nt_python, n, t, dtype, path)
+            nt, _ = _nt_server(nt_python, network, n, t, dtype, path)
             reference = np.load(path)
             for name in ("nngp", "ntk"):
                 ref, got = reference[name], getattr(kernels, name).numpy()
@@ -158,21 +222,22 @@ def first_rows(nt_python: str, rounds: int = 3) -> None:
     import tempfile
 
     here = os.path.dirname(os.path.abspath(__file__))
-    for n, t, dtype in SIZES[1:3]:
+    for network, n, t, dtype in FIRST:
         ours, theirs = [], []
         for _ in range(rounds):
             with tempfile.TemporaryDirectory() as folder:
                 env = {**os.environ, "NTBRIDGE_CACHE_DIR": folder}
                 ours.append(float(subprocess.run(
-                    [sys.executable, "-c", OURS_FIRST, here, json.dumps([n, t, dtype])], env=env,
-                    capture_output=True, text=True, check=True).stdout.split()[-1]))
-                nt, first = _nt_server(nt_python, n, t, dtype, f"{folder}/nt.npz")
+                    [sys.executable, "-c", OURS_FIRST, here, json.dumps([network, n, t, dtype])],
+                    env=env, capture_output=True, text=True, check=True).stdout.split()[-1]))
+                nt, first = _nt_server(nt_python, network, n, t, dtype, f"{folder}/nt.npz")
                 theirs.append(first)
                 nt.stdin.close()
                 nt.wait()
         mine, nts = statistics.median(ours), statistics.median(theirs)
-        print(f"linear-scaling N={n} T={t} {dtype}, first call in a fresh process (median of "
-              f"{rounds}, alternating): ours {mine:.2f} s, NT {nts:.2f} s: {mine / nts:.2f}x")
+        print(f"linear-scaling {network} N={n} T={t} {dtype}, first call in a fresh process "
+              f"(median of {rounds}, alternating): ours {mine:.2f} s, NT {nts:.2f} s: "
+              f"{mine / nts:.2f}x")
 
 
 def _timed(fn) -> float:
@@ -250,27 +315,12 @@ def sweep_rows(quick: bool) -> None:
 
 def classifier_rows(quick: bool) -> None:
     import torch
-    from torch import nn
 
     import ntbridge
 
-    n, t, vocab, d = (16, 8, 1000, 64) if quick else (64, 16, 1000, 64)
-
-    class TextClassifier(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = nn.Embedding(vocab, d)
-            self.pos = nn.Parameter(0.1 * torch.randn(t, d))
-            layer = nn.TransformerEncoderLayer(d, 4, 4 * d, batch_first=True)
-            self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-            self.head = nn.Linear(d, 1)
-
-        def forward(self, ids):
-            return self.head(self.enc(self.emb(ids) + self.pos).mean(1))
-
-    torch.manual_seed(0)
-    model = TextClassifier().eval()
-    ids = torch.randint(0, vocab, (n, t))
+    n, t = (16, 8) if quick else (64, 16)
+    model = text_classifier(t)
+    ids = torch.randint(0, VOCAB, (n, t))
     times = []
     for _ in range(2):
         start = time.perf_counter()
