@@ -34,16 +34,21 @@ def _embedding(module: nn.Embedding, ctx: Context) -> stax.Layer:
     if module.max_norm is not None:
         raise UnsupportedLayerError("nn.Embedding(max_norm=...) renormalises its rows on use; "
                                     "the analytic kernel has no rule for it (drop max_norm).")
-    w = module.weight.detach().double()
-    if module.padding_idx is not None:
-        w = torch.cat([w[:module.padding_idx], w[module.padding_idx + 1:]])
     o = ctx.options
-    std = 1.0 if o.init == "torch" else w.pow(2).mean().sqrt().item()  # torch's init: N(0, 1)
+    std = 1.0 if o.init == "torch" else _rows_rms(module)  # torch's init: N(0, 1)
     explicit = o.explicit(o.W_std, ctx.name)
     std = std if explicit is None else float(explicit)
     ctx.hyper = {"W_std": std}
     return Embedding(module.num_embeddings, module.embedding_dim, W_std=std,
                      padding_idx=module.padding_idx, parameterization=o.parameterization)
+
+
+def _rows_rms(module: nn.Embedding) -> float:
+    """The root mean square of the embedding's weights, the padding row left out."""
+    w = module.weight.detach().double()
+    if module.padding_idx is not None:
+        w = torch.cat([w[:module.padding_idx], w[module.padding_idx + 1:]])
+    return w.pow(2).mean().sqrt().item()
 
 
 def _attention_stds(module: nn.MultiheadAttention, ctx: Context) -> Stds:

@@ -87,7 +87,8 @@ def make_node(index: int, name: str, module: nn.Module, inputs: tuple[int, ...],
             f"analytic kernel, build the model from supported modules (this error's .supported "
             f"lists them) or teach ntbridge this one with "
             f"@ntbridge.register_converter({type(module).__name__}).", supported_types())
-    for key, t in _tensors(module).items():
+    tensors = _tensors(module)
+    for key, t in tensors.items():
         if t.numel() == 0:
             raise InputError(f"{where} has a zero-size "
                              f"{key} (shape {tuple(t.shape)}): a layer without units or inputs "
@@ -97,7 +98,7 @@ def make_node(index: int, name: str, module: nn.Module, inputs: tuple[int, ...],
         layer = converter(module, ctx)
     except NtbridgeError as e:  # a module's option without a rule: name the module
         raise type(e)(f"{origin or where}: {e}") from None
-    return Node(index, name, module, layer, tuple(_tensors(module)), ctx.hyper, inputs,
+    return Node(index, name, module, layer, tuple(tensors), ctx.hyper, inputs,
                 ctx.init_checks, origin)
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import jaxpr_as_fun
 
 from .arrays import symmetrize
 
@@ -146,6 +147,14 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
             x1, x2 = take(a1, i, s1), take(b, j, s2)
             return fn(args, x1, x2, known_ij) if shared else fn(args, x1, x2)
 
+        # the block traced once, for the tile's shapes and the loop's body alike (tracing a deep
+        # network's rules is most of a first call's tracing time; replaying the trace is quick)
+        traced, shapes = jax.make_jaxpr(block, return_shape=True)(
+            rows[0], cols[0], known(rows[0], cols[0]))
+        replay, out_tree = jaxpr_as_fun(traced), jax.tree.structure(shapes)
+        traced_block = lambda i, j, known_ij: jax.tree.unflatten(
+            out_tree, replay(i, j, *jax.tree.leaves(known_ij)))
+
         def write(tile, leaves, i, j):
             rest = lambda leaf: (jnp.zeros_like(i),) * (leaf.ndim - 2)  # indices of one type
             return jax.tree.map(lambda t, leaf: jax.lax.dynamic_update_slice(
@@ -154,7 +163,7 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
         def step(carry, ij):  # carry: the tile so far, and the data of block ij
             tile, known_ij = carry
             i, j, i_next, j_next = ij
-            out = jax.lax.optimization_barrier(block(i, j, known_ij))
+            out = jax.lax.optimization_barrier(traced_block(i, j, known_ij))
             if a2 is None:
                 swap = lambda leaf: jnp.transpose(leaf, perm(leaf.ndim))
                 out = jax.lax.cond(i == j, lambda o: jax.tree.map(
@@ -162,7 +171,6 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
                 tile = write(tile, jax.tree.map(swap, out), j, i)
             return (write(tile, out, i, j), known(i_next, j_next)), None
 
-        shapes = jax.eval_shape(block, rows[0], cols[0], known(rows[0], cols[0]))
         empty = jax.tree.map(
             lambda leaf: jnp.zeros((a1.shape[0], b.shape[0], *leaf.shape[2:]), leaf.dtype), shapes)
         ahead = lambda r: np.roll(r, -1)
