@@ -2,17 +2,20 @@
 
 Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
 
-* ``linear-scaling vs NT``: two tied, ``1/d`` self-attention layers with a ReLU between them
-  (``GlobalSelfAttention(linear_scaling=True)``), NTK parameterization, torch's initialisation,
-  float64 and float32: the largest relative difference of the NNGP and NTK, and the time of a
-  steady call of each library as its users make it (``ntbridge.kernel`` of the torch model,
-  ``attention="linear"``; NT's jitted ``kernel_fn``, in a child process), calls alternating
-  between the two, on the same inputs;
-* ``first``: the first call of each library on that network in a fresh process (N = 128, float64
-  and float32; ntbridge's program cache empty), processes alternating;
+* ``linear-scaling vs NT``: NT's ``GlobalSelfAttention(linear_scaling=True)`` against
+  ``ntbridge.kernel(model, x, attention="linear")`` (torch's model converted at each call) on two
+  networks, NTK parameterization, torch's initialisation, float64 and float32: "pair", two tied,
+  ``1/d`` self-attention layers with a ReLU between them (kernels of every pair of tokens out), and
+  "classifier", the text classifier below with the layers NT has (no biases, LayerNorm without
+  affine parameters, positions embedded from ``torch.arange``; for NT one-hot ids and positions
+  through a Dense layer), the issue's N = 64 and the sizes users run. The largest relative
+  difference of the NNGP and NTK, and the time of a steady call of each library as its users make
+  it (NT's jitted ``kernel_fn`` in a child process), calls alternating, on the same inputs;
+* ``first``: the first call of each library on those networks in a fresh process (ntbridge's
+  program cache empty), processes alternating;
 * ``sandwich``: ``a1[n] c[n, m] a2[m]^T`` (what the linear-scaling layer computes) as
   ``stax.attention.sandwich``'s batched matrix products against ``2 T`` broadcast products fused
-  by XLA, each form in the program of the linear-scaling network's analytic kernel (N = 128, in
+  by XLA, each form in the program of the pair network's analytic kernel (N = 128, in
   the blocks CPUs compute kernels in), called alternately, per ``T``, float64 and float32;
 * ``width sweep``: ``ntbridge.analysis.width_sweep`` of a 2-layer encoder (Embedding + positions,
   mean pooling, Linear) whose heads grow as ``sqrt(width)``: the NTK's relative error per width

@@ -90,14 +90,14 @@ def test_ntk_result_reaches_torch_without_copy(monkeypatch, requires_grad):
     """The program's output becomes the returned tensor without a copy (x2 given: with x2 = None
     the result is the symmetrized output, a new tensor), with autograd history or without."""
     handed = []
-    original = ntbridge.tiling.run.to_torch
+    original = ntbridge.tiling.transfer.to_torch
 
     def spy(a):
         t = original(a)
         handed.append((shares_memory(t, a), t.data_ptr()))
         return t
 
-    monkeypatch.setattr(ntbridge.tiling.run, "to_torch", spy)
+    monkeypatch.setattr(ntbridge.tiling.transfer, "to_torch", spy)
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     k = ntbridge.ntk(model, torch.randn(5, 3, requires_grad=requires_grad), torch.randn(4, 3))
     assert handed == [(True, k.data_ptr())] and k.shape == (5, 4)

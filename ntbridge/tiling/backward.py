@@ -25,8 +25,8 @@ from .. import programs
 from ..dlpack import abstract
 from .arrays import restrict, symmetrize
 from .plan import Batching, Tiling
-from .run import Task, abstract_arguments, per_device, plan, sharded, shardings, stack, \
-    tile_fn, tile_inputs
+from .run import Task, abstract_arguments, plan, sharded, shardings, tile_fn
+from .transfer import per_device, stack, tile_inputs
 
 
 def _program(task: Task, tiling: Tiling, devices: list, tracked: tuple[int, ...],
