@@ -239,6 +239,23 @@ def test_a_fixed_tensor_added_to_features_is_refused():
         ntbridge.convert(Sinusoidal())
 
 
+def test_a_buffer_sliced_by_the_input_length_is_refused_saying_why():
+    """PyTorch's tutorial positional encoding, ``x + self.pe[:x.size(1)]``: torch.fx cannot slice a
+    buffer by a traced size; the error says so and points to learned positions."""
+
+    class TutorialEncoding(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("pe", torch.sin(torch.arange(40.0)).reshape(1, 10, 4))
+
+        def forward(self, x):
+            return x + self.pe[:, :x.size(1)]
+
+    with pytest.raises(errors.ConversionError,
+                       match=r"slice indices.*sliced by a size of the input.*nn\.Embedding"):
+        ntbridge.convert(nn.Sequential(nn.Linear(4, 4), TutorialEncoding()))
+
+
 class Cumsum(nn.Module):
     def forward(self, x):
         return torch.cumsum(x, 1)

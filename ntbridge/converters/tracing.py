@@ -63,15 +63,24 @@ def trace(model: nn.Module) -> fx.Graph:
     try:
         graph = _Tracer(model).trace(model)
     except Exception as e:  # fx raises many types; none of them is the user's fault but the model's
-        raise ConversionError(
-            f"torch.fx could not trace {type(model).__name__}.forward ({type(e).__name__}: {e}). "
-            f"Data-dependent control flow (if/for/while on tensor values) cannot be traced. Rewrite "
-            f"the model as an nn.Sequential of supported modules, or register a converter for the "
-            f"module that cannot be traced (ntbridge.register_converter) so that it is kept whole."
-        ) from e
+        raise ConversionError(f"torch.fx could not trace {type(model).__name__}.forward "
+                              f"({type(e).__name__}: {e}). {_why_untraceable(e)}") from e
     graph.owning_module = model  # whose modules say whether calling them is pure
     graph.eliminate_dead_code()
     return graph
+
+
+def _why_untraceable(e: Exception) -> str:
+    """What to do about torch.fx's error ``e``."""
+    if isinstance(e, TypeError) and "slice indices must be integers" in str(e):
+        return ("A buffer sliced by a size of the input (a positional encoding's self.pe[:x.size(1)]) "
+                "cannot be traced: torch.fx hands buffers over as values, not as traced tensors. A "
+                "fixed encoding added to the features has no kernel rule anyway (the rules take "
+                "zero-mean features): use learned positions, x + self.pos(torch.arange(T)) with an "
+                "nn.Embedding, or an nn.Parameter (T, d); or ntbridge.empirical_ntk.")
+    return ("Data-dependent control flow (if/for/while on tensor values) cannot be traced. Rewrite "
+            "the model as an nn.Sequential of supported modules, or register a converter for the "
+            "module that cannot be traced (ntbridge.register_converter) so that it is kept whole.")
 
 
 def constant(model: nn.Module, node: fx.Node, constants: dict):
