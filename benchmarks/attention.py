@@ -12,7 +12,9 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
   difference of the NNGP and NTK, and the time of a steady call of each library as its users make
   it (NT's jitted ``kernel_fn`` in a child process), calls alternating, on the same inputs;
 * ``first``: the first call of each library on those networks in a fresh process (ntbridge's
-  program cache empty), processes alternating;
+  program cache empty), processes alternating; and the compilers apart: NT's program (a
+  StableHLO artifact, as ``first_call.py`` makes it) compiled by its jaxlib 0.4.23 and by the XLA
+  ntbridge runs on, beside ntbridge's compilations in its first call;
 * ``sandwich``: ``a1[n] c[n, m] a2[m]^T`` (what the linear-scaling layer computes) as
   ``stax.attention.sandwich``'s batched matrix products against ``2 T`` broadcast products fused
   by XLA, each form in the program of the pair network's analytic kernel (N = 128, in
@@ -41,7 +43,8 @@ import time
 
 import numpy as np
 
-NT_SERVER = """
+# Neural Tangents' network and inputs (argv[1]: [network, n, t, dtype, stds, path])
+NT_MODEL = """
 import gc, json, sys, time
 import jax, numpy as np
 network, n, t, dtype, stds, path = json.loads(sys.argv[1])
@@ -68,6 +71,8 @@ else:  # the text classifier; the embeddings as a Dense layer of one-hot ids and
     block = lambda: stax.serial(res(att(d, heads)), norm(), res(mlp()), norm())
     _, _, kernel_fn = stax.serial(stax.Dense(d, W_std=x.shape[-1] ** 0.5), block(), block(),
                                   stax.GlobalAvgPool(channel_axis=-1), stax.Dense(1, W_std=lin))
+"""
+NT_SERVER = """
 fn = jax.jit(kernel_fn, static_argnames="get")
 gc.collect()
 start = time.perf_counter()
@@ -99,21 +104,26 @@ VOCAB, WIDTH, CLASSIFIER_HEADS = 1000, 64, 4
 # W_query_std * W_key_std = sq**2; nn.Linear's weights sqrt(1/3)
 STDS = (0.5 ** 0.5, 0.5 ** 0.5, 3 ** -0.5, 3 ** -0.5)
 
-NT_SERVER = NT_SERVER % dict(D=D, HEADS=HEADS, CLASSIFIER=(VOCAB, WIDTH, CLASSIFIER_HEADS))
+NT_MODEL = NT_MODEL % dict(D=D, HEADS=HEADS, CLASSIFIER=(VOCAB, WIDTH, CLASSIFIER_HEADS))
+NT_SERVER = NT_MODEL + NT_SERVER
 
 # ntbridge's first call in a fresh process (empty program cache), as NT_SERVER's: argv = the
 # benchmarks folder, then [network, n, t, dtype]
 OURS_FIRST = """
 import gc, json, sys, time
 sys.path.insert(0, sys.argv[1])
-import ntbridge
+import jax, ntbridge
 from attention import workload
+compiles = []  # XLA's compilations, in seconds
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **kw: compiles.append(seconds)
+    if event == "/jax/core/compile/backend_compile_duration" else None)
 model, inputs = workload(*json.loads(sys.argv[2]))
 kernel = ntbridge.kernel  # ntbridge imports its modules on first use
 gc.collect()
 start = time.perf_counter()
 kernel(model, inputs, attention="linear", parameterization="ntk")
-print(time.perf_counter() - start)
+print(time.perf_counter() - start, sum(compiles))
 """
 
 
@@ -220,27 +230,44 @@ def linear_rows(nt_python: str | None) -> None:
 
 def first_rows(nt_python: str, rounds: int = 3) -> None:
     """The first call of each library in a fresh process (ntbridge's program cache empty, a full
-    garbage collection before both clocks), processes alternating, at the sizes users run."""
+    garbage collection before both clocks), processes alternating, at the sizes users run; and
+    the compilers apart: NT's program (a StableHLO artifact) compiled by its jaxlib 0.4.23 and by
+    the XLA ntbridge runs on, beside ntbridge's own compilations in its first call."""
     import os
     import tempfile
 
+    from first_call import NT_EXPORT, OUR_COMPILER
+
     here = os.path.dirname(os.path.abspath(__file__))
+    nt_program = "import sys, time\n" + NT_MODEL + NT_EXPORT
+    seconds = lambda python, code, *args, env=None: [float(v) for v in subprocess.run(
+        [python, "-c", code, *args], env=env, capture_output=True, text=True,
+        check=True).stdout.split()[-2:]]
     for network, n, t, dtype in FIRST:
-        ours, theirs = [], []
+        runs = {key: [] for key in ("ours", "compile", "nt", "nt_by_nt", "nt_by_ours")}
         for _ in range(rounds):
             with tempfile.TemporaryDirectory() as folder:
-                env = {**os.environ, "NTBRIDGE_CACHE_DIR": folder}
-                ours.append(float(subprocess.run(
-                    [sys.executable, "-c", OURS_FIRST, here, json.dumps([network, n, t, dtype])],
-                    env=env, capture_output=True, text=True, check=True).stdout.split()[-1]))
+                first, compiled = seconds(sys.executable, OURS_FIRST, here,
+                                          json.dumps([network, n, t, dtype]),
+                                          env={**os.environ, "NTBRIDGE_CACHE_DIR": folder})
+                runs["ours"].append(first)
+                runs["compile"].append(compiled)
                 nt, first = _nt_server(nt_python, network, n, t, dtype, f"{folder}/nt.npz")
-                theirs.append(first)
+                runs["nt"].append(first)
                 nt.stdin.close()
                 nt.wait()
-        mine, nts = statistics.median(ours), statistics.median(theirs)
-        print(f"linear-scaling {network} N={n} T={t} {dtype}, first call in a fresh process "
-              f"(median of {rounds}, alternating): ours {mine:.2f} s, NT {nts:.2f} s: "
-              f"{mine / nts:.2f}x")
+                spec, artifact = json.dumps([network, n, t, dtype, STDS, ""]), f"{folder}/nt.bc"
+                runs["nt_by_nt"].append(seconds(nt_python, nt_program, spec, artifact)[-1])
+                runs["nt_by_ours"].append(seconds(sys.executable, OUR_COMPILER, dtype,
+                                                  artifact)[-1])
+        m = {key: statistics.median(v) for key, v in runs.items()}
+        label = f"linear-scaling {network} N={n} T={t} {dtype}"
+        print(f"{label}, first call in a fresh process (median of {rounds}, alternating): ours "
+              f"{m['ours']:.2f} s (XLA compiling {m['compile']:.2f} s), NT {m['nt']:.2f} s: "
+              f"{m['ours'] / m['nt']:.2f}x")
+        print(f"{label}, compilation: NT's program by its jaxlib 0.4.23 {m['nt_by_nt']:.2f} s, "
+              f"by this XLA {m['nt_by_ours']:.2f} s; ours by this XLA {m['compile']:.2f} s: "
+              f"{m['compile'] / m['nt_by_ours']:.2f}x NT's program")
 
 
 def _timed(fn) -> float:

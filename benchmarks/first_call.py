@@ -125,28 +125,30 @@ print(json.dumps({"import_s": imported - t0, "first_s": first - start, "gc_s": g
                   "second_s": second - first}))
 """
 # Neural Tangents' program of the first call, compiled by its own jaxlib 0.4.23 (seconds printed)
-# and written to argv[3] as a portable StableHLO artifact (jax.experimental.export), which the
-# XLA of the JAX ntbridge runs on compiles (OUR_COMPILER). Both compile a trivial program first,
-# so neither counts XLA's start-up; both use XLA's default options.
-NT_PROGRAM = """
-import sys, time
-""" + NT_MODEL + """
+# and written to the last argument as a portable StableHLO artifact (jax.experimental.export),
+# which the XLA of the JAX ntbridge runs on compiles (OUR_COMPILER: the artifact last, its dtype
+# before). Both compile a trivial program first, so neither counts XLA's start-up; both use XLA's
+# default options. NT_EXPORT follows any script that builds NT's ``kernel_fn`` and inputs ``x``.
+NT_EXPORT = """
 from jax.experimental.export import export as export_module
 program = jax.jit(lambda x: kernel_fn(x, None, ("nngp", "ntk")))
-open(sys.argv[3], "wb").write(export_module.export(program)(x).mlir_module_serialized)
+open(sys.argv[-1], "wb").write(export_module.export(program)(x).mlir_module_serialized)
 lowered = program.lower(x)
 jax.jit(lambda a: a + 1).lower(1.0).compile()
 t0 = time.perf_counter()
 lowered.compile()
 print(time.perf_counter() - t0)
 """
+NT_PROGRAM = """
+import sys, time
+""" + NT_MODEL + NT_EXPORT
 OUR_COMPILER = """
 import sys, time, jax, jax.extend
 from jax._src.lib import xla_client
-jax.config.update("jax_enable_x64", sys.argv[2] == "float64")
+jax.config.update("jax_enable_x64", sys.argv[-2] == "float64")
 backend = jax.extend.backend.get_backend("cpu")
 jax.jit(lambda a: a + 1).lower(1.0).compile()
-program = open(sys.argv[3], "rb").read()
+program = open(sys.argv[-1], "rb").read()
 t0 = time.perf_counter()
 backend.compile_and_load(program, xla_client.DeviceList(tuple(backend.local_devices()[:1])),
                          xla_client.CompileOptions())
