@@ -72,7 +72,8 @@ else:  # the text classifier; the embeddings as a Dense layer of one-hot ids and
     _, _, kernel_fn = stax.serial(stax.Dense(d, W_std=x.shape[-1] ** 0.5), block(), block(),
                                   stax.GlobalAvgPool(channel_axis=-1), stax.Dense(1, W_std=lin))
 """
-NT_SERVER = """
+# ... then served: its first call, then one timed call per line of its input
+NT_SERVE = """
 fn = jax.jit(kernel_fn, static_argnames="get")
 gc.collect()
 start = time.perf_counter()
@@ -105,7 +106,7 @@ VOCAB, WIDTH, CLASSIFIER_HEADS = 1000, 64, 4
 STDS = (0.5 ** 0.5, 0.5 ** 0.5, 3 ** -0.5, 3 ** -0.5)
 
 NT_MODEL = NT_MODEL % dict(D=D, HEADS=HEADS, CLASSIFIER=(VOCAB, WIDTH, CLASSIFIER_HEADS))
-NT_SERVER = NT_MODEL + NT_SERVER
+NT_SERVER = NT_MODEL + NT_SERVE
 
 # ntbridge's first call in a fresh process (empty program cache), as NT_SERVER's: argv = the
 # benchmarks folder, then [network, n, t, dtype]
@@ -175,7 +176,7 @@ def text_classifier(t: int, dtype: str = "float32", like_nt: bool = False):
 
 
 def workload(network: str, n: int, t: int, dtype: str):
-    """The torch model and inputs NT_SERVER's ``network`` takes (the same random inputs)."""
+    """The torch model and inputs of NT_MODEL's ``network`` (the same random inputs)."""
     import torch
 
     rng = np.random.default_rng(0)
