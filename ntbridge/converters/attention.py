@@ -22,7 +22,7 @@ from ..stax.attention import SelfAttention, Stds
 from ..stax.embedding import Embedding
 from .calls import PaddingIds
 from .functional import FUNCTIONS
-from .registry import Context, find_converter, register
+from .registry import Context, find_converter, register, rms
 
 # torch's initialisation of MultiheadAttention: xavier_uniform_ of in_proj_weight (3E, E), variance
 # 2 / (E + 3E), i.e. W_std**2 = 1/2 for queries, keys, values; out_proj as nn.Linear, 1/3; zero biases
@@ -45,10 +45,10 @@ def _embedding(module: nn.Embedding, ctx: Context) -> stax.Layer:
 
 def _rows_rms(module: nn.Embedding) -> float:
     """The root mean square of the embedding's weights, the padding row left out."""
-    w = module.weight.detach().double()
+    w = module.weight
     if module.padding_idx is not None:
         w = torch.cat([w[:module.padding_idx], w[module.padding_idx + 1:]])
-    return w.pow(2).mean().sqrt().item()
+    return rms(w)
 
 
 def _attention_stds(module: nn.MultiheadAttention, ctx: Context) -> Stds:
@@ -58,7 +58,6 @@ def _attention_stds(module: nn.MultiheadAttention, ctx: Context) -> Stds:
     if o.init == "torch":
         W, b = list(TORCH_ATTENTION_STDS), [0.0] * 4
     else:
-        rms = lambda t: t.detach().double().pow(2).mean().sqrt().item()
         weights = [*module.in_proj_weight.chunk(3), module.out_proj.weight]
         W = [rms(w) * e ** 0.5 for w in weights]
         b = [rms(t) for t in (*module.in_proj_bias.chunk(3), module.out_proj.bias)] if has_bias \

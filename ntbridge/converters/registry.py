@@ -163,7 +163,7 @@ class Context:
             W_std, b_std = 3 ** -0.5, (3 * fan_in) ** -0.5
         else:
             W_std = (fan_in * weight.detach().double().pow(2).mean()).sqrt().item()
-            b_std = None if bias is None else bias.detach().double().pow(2).mean().sqrt().item()
+            b_std = None if bias is None else rms(bias)
         W_exp, b_exp = o.explicit(o.W_std, self.name), o.explicit(o.b_std, self.name)
         W_std = W_std if W_exp is None else W_exp
         b_std = None if bias is None else (b_std if b_exp is None else b_exp)
@@ -176,6 +176,17 @@ class Context:
         number = lambda v: None if v is None else as_float(v)
         return dict(W_std=number(W_std), b_std=number(b_std), parameterization=o.parameterization,
                     distribution="uniform" if o.init == "torch" and not explicit else "normal")
+
+
+def rms(t: torch.Tensor) -> float:
+    """The root mean square of the entries of ``t``, in float64: the standard deviation that
+    ``init="infer"`` reads from a tensor of zero-mean draws.
+
+    Example:
+        >>> rms(torch.tensor([3.0, -4.0]))
+        3.5355339059327378
+    """
+    return t.detach().double().pow(2).mean().sqrt().item()
 
 
 # torch's default init of Linear/ConvNd draws weight and bias from U(-a, a) with a = 1/sqrt(fan_in).

@@ -23,7 +23,7 @@ from .. import stax
 from ..errors import UnsupportedLayerError
 from ..stax.embedding import Positions, Token
 from .equivalents import as_sizes, is_batch_size, is_shape
-from .registry import Context, register
+from .registry import Context, register, rms
 
 
 class AddPositions(nn.Module):
@@ -70,7 +70,7 @@ def _std(module: AddPositions | LearnedToken, ctx: Context) -> float:
     elif module.init_std is not None and o.init == "torch":
         std = module.init_std
     else:
-        std = getattr(module, module.name).detach().double().pow(2).mean().sqrt().item()
+        std = rms(getattr(module, module.name))
     ctx.hyper = {"W_std": std}
     return std
 
