@@ -91,6 +91,19 @@ def to_jax(t: torch.Tensor, name: str = "tensor") -> jax.Array:
     return jax.dlpack.from_dlpack(t)
 
 
+def copy_to_jax(t: torch.Tensor, device) -> jax.Array:
+    """A copy of ``t`` owned by JAX on ``device``: made from a NumPy view of a tensor in the CPU's
+    memory in a dtype NumPy has (one copy), else from :func:`to_jax`'s array over its memory.
+
+    Example:
+        >>> copy_to_jax(torch.ones(2, 3), jax.devices()[0]).shape
+        (2, 3)
+    """
+    if t.device.type == "cpu" and t.dtype not in _LOW_PRECISION:
+        return jax.device_put(t.detach().numpy(), device, may_alias=False)
+    return jax.device_put(to_jax(t), device, may_alias=False)
+
+
 def to_torch(a: jax.Array) -> torch.Tensor:
     """A torch tensor over the memory of the JAX array ``a`` (zero-copy).
 

@@ -7,7 +7,7 @@ import jax
 import torch
 from jax.sharding import NamedSharding
 
-from ..dlpack import to_jax, to_torch
+from ..dlpack import copy_to_jax, to_torch
 from .plan import Tiling
 
 
@@ -16,18 +16,9 @@ def stack(tiles: list[torch.Tensor], sharding: NamedSharding, devices: list) -> 
     tiles = tiles + tiles[-1:] * (len(devices) - len(tiles))
     # copies owned by JAX, cheap beside the kernel: with tiles aliasing torch's memory, processes
     # aborted at exit now and then (benchmarks/README.md)
-    shards = [jax.device_put(_host(t.unsqueeze(0)), d, may_alias=False)
-              for t, d in zip(tiles, devices)]
+    shards = [copy_to_jax(t.unsqueeze(0), d) for t, d in zip(tiles, devices)]
     return jax.make_array_from_single_device_arrays((len(devices), *tiles[0].shape), sharding,
                                                     shards)
-
-
-def _host(t: torch.Tensor):
-    """``t`` as JAX takes it to copy: a NumPy view of a tensor in the CPU's memory in a dtype
-    NumPy has (one copy, the device_put's), else a JAX array over its memory."""
-    if t.device.type == "cpu" and t.dtype not in (torch.bfloat16, torch.float16):
-        return t.detach().numpy()
-    return to_jax(t)
 
 
 def pad(x: torch.Tensor, rows: slice, size: int) -> torch.Tensor:
