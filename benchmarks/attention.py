@@ -43,6 +43,8 @@ import time
 
 import numpy as np
 
+from first_call import COMPILES, NT_EXPORT, OUR_COMPILER
+
 # Neural Tangents' network and inputs (argv[1]: [network, n, t, dtype, stds, path])
 NT_MODEL = """
 import gc, json, sys, time
@@ -115,10 +117,7 @@ import gc, json, sys, time
 sys.path.insert(0, sys.argv[1])
 import jax, ntbridge
 from attention import workload
-compiles = []  # XLA's compilations, in seconds
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, seconds, **kw: compiles.append(seconds)
-    if event == "/jax/core/compile/backend_compile_duration" else None)
+""" + COMPILES + """
 model, inputs = workload(*json.loads(sys.argv[2]))
 kernel = ntbridge.kernel  # ntbridge imports its modules on first use
 gc.collect()
@@ -236,8 +235,6 @@ def first_rows(nt_python: str, rounds: int = 3) -> None:
     the XLA ntbridge runs on, beside ntbridge's own compilations in its first call."""
     import os
     import tempfile
-
-    from first_call import NT_EXPORT, OUR_COMPILER
 
     here = os.path.dirname(os.path.abspath(__file__))
     nt_program = "import sys, time\n" + NT_MODEL + NT_EXPORT

@@ -53,6 +53,13 @@ def start_clock():
         gc.collect()
     return time.perf_counter(), gc_s[0]
 """
+# XLA's backend compilations of the process, in seconds (after ``import jax``)
+COMPILES = """
+compiles = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **kw: compiles.append(seconds)
+    if event == "/jax/core/compile/backend_compile_duration" else None)
+"""
 # One workload per fresh process: two kernel calls (x2 = None, then a second input set), then the
 # first call again (the steady call), timed, with XLA's backend compilations counted. Imports (ntbridge's own are made on first use of
 # ntbridge.kernel, Neural Tangents' by "from neural_tangents import stax") are timed apart, and
@@ -62,10 +69,7 @@ import json, sys
 t0 = time.perf_counter()
 import jax, torch, ntbridge
 from torch import nn
-compiles = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, seconds, **kw: compiles.append(seconds)
-    if event == "/jax/core/compile/backend_compile_duration" else None)
+""" + COMPILES + """
 name, dtype = sys.argv[1], getattr(torch, sys.argv[2])
 torch.manual_seed(0)
 if name == "FC":
