@@ -77,6 +77,14 @@ def _forward_error(model, x):
     return np.abs(ours - model(x).detach().numpy()).max()
 
 
+def _assert_float64_forward(model, x):
+    """The converted graph's forward of a float64 model is torch's, to float64 rounding."""
+    g = ntbridge.convert(model)
+    with jax.enable_x64(True):
+        np.testing.assert_allclose(np.asarray(g.apply_fn(g.params, jnp.asarray(x))),
+                                   model(x).detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("bias, causal", [(True, False), (False, True)])
 def test_attention_forward_is_torchs(bias, causal):
     torch.manual_seed(0)
@@ -422,10 +430,7 @@ def test_positions_sliced_to_the_sequence(view):
     length = 6 if view in ("none", "unsqueeze") else 9  # views of the whole parameter: T = L
     model = SlicedPositions(view, length).double().eval()
     ids = torch.randint(0, 40, (3, 6))
-    graph = ntbridge.convert(model)
-    with jax.enable_x64(True):
-        np.testing.assert_allclose(np.asarray(graph.apply_fn(graph.params, jnp.asarray(ids))),
-                                   model(ids).detach().numpy(), rtol=1e-12, atol=1e-12)
+    _assert_float64_forward(model, ids)
     reference = TextClassifier().double().eval()
     reference.load_state_dict({**model.state_dict(), "pos": torch.zeros(6, 32)}, strict=False)
     rows = model.pos.detach().reshape(-1, 32)
@@ -466,10 +471,7 @@ def test_positions_embedded_from_arange(form):
     with torch.no_grad():
         model.wpe.weight *= 0.5  # not the init's variance: the kernel must not read it
     ids = torch.randint(0, 40, (3, 6))
-    graph = ntbridge.convert(model)
-    with jax.enable_x64(True):
-        np.testing.assert_allclose(np.asarray(graph.apply_fn(graph.params, jnp.asarray(ids))),
-                                   model(ids).detach().numpy(), rtol=1e-12, atol=1e-12)
+    _assert_float64_forward(model, ids)
     reference = SlicedPositions("rows").double().eval()
     rows = model.wpe.weight.detach()
     reference.load_state_dict({**model.state_dict(), "pos": rows / rows.pow(2).mean().sqrt()},
@@ -606,10 +608,7 @@ def test_a_class_token_is_one_vector_for_every_example(repeat, parameterization)
     torch.manual_seed(0)
     model = ClassToken(repeat).double()
     x, y = torch.randn(3, 4, 8, dtype=torch.float64), torch.randn(2, 4, 8, dtype=torch.float64)
-    graph = ntbridge.convert(model)
-    with jax.enable_x64(True):
-        np.testing.assert_allclose(np.asarray(graph.apply_fn(graph.params, jnp.asarray(x))),
-                                   model(x).detach().numpy(), rtol=1e-12, atol=1e-12)
+    _assert_float64_forward(model, x)
     got = ntbridge.kernel(model, x, y, attention="linear", parameterization=parameterization)
     alone = ntbridge.kernel(model.attn, x, y, attention="linear", parameterization=parameterization)
     var = model.cls.detach().pow(2).mean()
