@@ -39,7 +39,7 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
            get: str | Sequence[str] = ("nngp", "ntk"), *, parameterization: str = "standard",
            init: str = "torch", W_std: StdOption = None, b_std: StdOption = None,
            attention: str = "softmax", attention_points: int = ATTENTION_POINTS,
-           batch_size: int | None = None, device_count: int = -1,
+           shared_weights: str = "auto", batch_size: int | None = None, device_count: int = -1,
            store_on_device: bool = True, progress: bool | None = None, out: str | None = None,
            return_info: bool = False):
     """Infinite-width NNGP and/or NTK of ``model``'s architecture, in closed form.
@@ -52,7 +52,7 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
         exactly symmetric).
       get: ``"nngp"``, ``"ntk"`` (returns a tensor) or a sequence of them (returns a named tuple
         ``Kernels(nngp, ntk)``, entries not asked for being None).
-      parameterization, init, W_std, b_std, attention, attention_points: see
+      parameterization, init, W_std, b_std, attention, attention_points, shared_weights: see
         ``ntbridge.convert`` (attention: torch's softmax attention, whose expectation is numerical
         with ``attention_points`` points per replicate, or the ``"linear"`` variant).
       batch_size, device_count, store_on_device, progress, out: tiling over (N1, N2), devices,
@@ -76,7 +76,8 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
                           Batching(batch_size, device_count, store_on_device, progress, out),
                           dict(parameterization=parameterization, init=init, W_std=W_std,
                                b_std=b_std, attention=attention,
-                               attention_points=attention_points)))
+                               attention_points=attention_points,
+                               shared_weights=shared_weights)))
     result = outcome.result if isinstance(get, str) else Kernels(*outcome.result)
     return (result, outcome.tiling) if return_info else result
 

@@ -19,6 +19,7 @@ from . import (activations, attention, conv, graph_ops, indexing, linear,  # noq
                normalization, pooling, products, resize, sequence, structure)  # (converters)
 from .fx import fx_nodes
 from .graph import Graph, Node, make_node
+from .reuse import check_reuse, children
 from .registry import ATTENTION_POINTS, Options, StdOption, as_float, find_converter, register
 
 __all__ = ["Graph", "Node", "convert", "register"]
@@ -27,7 +28,7 @@ __all__ = ["Graph", "Node", "convert", "register"]
 def _leaves(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
     """The leaf modules of nested ``nn.Sequential`` containers, with their qualified names."""
     if isinstance(module, nn.Sequential):
-        for name, child in module.named_children():
+        for name, child in children(module):
             yield from _leaves(child, f"{prefix}.{name}" if prefix else name)
     else:
         yield prefix, module
@@ -60,7 +61,7 @@ def _signature_part(module: nn.Module):
 
 def convert(model: nn.Module, *, parameterization: str = "standard", init: str = "torch",
             W_std: StdOption = None, b_std: StdOption = None, attention: str = "softmax",
-            attention_points: int = ATTENTION_POINTS) -> Graph:
+            attention_points: int = ATTENTION_POINTS, shared_weights: str = "auto") -> Graph:
     """Translate ``model`` into a :class:`Graph` (``init_fn``, ``apply_fn``, ``kernel_fn``, ``params``).
 
     Args:
@@ -81,6 +82,11 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
       attention_points: the points of each of the 8 replicates of softmax attention's numerical
         expectation (a power of 2): its error falls about as ``points**-1/2`` and its time grows
         as ``points`` (``ntbridge.expectation_error`` reports the error).
+      shared_weights: ``"auto"`` (the kernel of the model as torch initialises it: an
+        ``nn.TransformerEncoder`` whose layers hold equal weights, torch's deep copies of one
+        layer, gets the kernel of layers sharing one set of weights, ``ntbridge.stax.tied``;
+        other reuse of weights is refused) or ``"independent"`` (every module's weights drawn
+        independently: the kernel of re-initialised layers).
 
     Example:
         >>> g = ntbridge.convert(nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 1)))
@@ -90,7 +96,8 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     if not isinstance(model, nn.Module):
         raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
     _check_uniform(model)
-    options = Options(parameterization, init, W_std, b_std, attention, attention_points)
+    options = Options(parameterization, init, W_std, b_std, attention, attention_points,
+                      shared_weights)
     leaves = list(_leaves(model))
     if any(_is_user_container(module) for _, module in leaves):
         nodes = fx_nodes(model, options)
@@ -98,6 +105,8 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
         nodes = [make_node(i, name, module, (i - 1,), options)
                  for i, (name, module) in enumerate(leaves)]
     options.check_names([n.name for n in nodes if "W_std" in n.hyper])
+    if options.shared_weights == "auto":
+        check_reuse(nodes)
     return Graph(nodes, model_dtype(model), _signature(options, nodes, True),
                  _signature(options, nodes, False))
 

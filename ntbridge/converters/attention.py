@@ -11,6 +11,7 @@ parameters keyed by their qualified names within the module. The calls' masks co
 from __future__ import annotations
 
 import math
+import re
 
 import jax.numpy as jnp
 import torch
@@ -20,9 +21,10 @@ from .. import stax
 from ..errors import InputError, InputTypeError, UnsupportedLayerError
 from ..stax.attention import SelfAttention, Stds
 from ..stax.embedding import Embedding
+from ..stax.tied import Branch, Norm, tied
 from .calls import PaddingIds
 from .functional import FUNCTIONS
-from .registry import Context, find_converter, register, rms
+from .registry import Context, as_float, find_converter, register, rms
 
 # torch's initialisation of MultiheadAttention: xavier_uniform_ of in_proj_weight (3E, E), variance
 # 2 / (E + 3E), i.e. W_std**2 = 1/2 for queries, keys, values; out_proj as nn.Linear, 1/3; zero biases
@@ -196,8 +198,8 @@ class _Parts:
         return nested(self.parts, self.inputs)
 
 
-def encoder_layer(module: nn.TransformerEncoderLayer, ctx: Context, call: dict | None):
-    """The stax network of one encoder layer (module doc)."""
+def encoder_parts(module: nn.TransformerEncoderLayer, ctx: Context, call: dict | None) -> _Parts:
+    """The parts of one encoder layer's stax network (module doc)."""
     sa = _sub(module.self_attn, "self_attn", ctx, call)
     ff = [(n, _sub(getattr(module, n), n, ctx)) for n in ("linear1",)]
     ff += [("activation", _activation(module, ctx))]
@@ -218,7 +220,12 @@ def encoder_layer(module: nn.TransformerEncoderLayer, ctx: Context, call: dict |
     else:
         h = net.add("norm1", norm1, add(0, x, net.attention("self_attn", sa, x)))
         net.add("norm2", norm2, add(1, h, feed_forward(h)))
-    return net.network()
+    return net
+
+
+def encoder_layer(module: nn.TransformerEncoderLayer, ctx: Context, call: dict | None):
+    """The stax network of one encoder layer (module doc)."""
+    return encoder_parts(module, ctx, call).network()
 
 
 def _encoder_call(ctx: Context) -> dict:
@@ -238,16 +245,88 @@ def _encoder_layer(module: nn.TransformerEncoderLayer, ctx: Context) -> stax.Lay
 def _encoder(module: nn.TransformerEncoder, ctx: Context) -> stax.Layer:
     call = _encoder_call(ctx)
     net = _Parts(isinstance(call["key_padding_mask"], PaddingIds))
-    h = net.x
+    h, bodies = net.x, []
     for j, layer in enumerate(module.layers):
         name = f"layers.{j}"
         sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options)
         check_layout(layer.self_attn.batch_first, ctx, sub.name)
-        h = net.attention(name, encoder_layer(layer, sub, call), h)
+        bodies.append((encoder_parts(layer, sub, call), sub.hyper))
+        h = net.attention(name, bodies[-1][0].network(), h)
         ctx.hyper.update({f"{name}.{k}": v for k, v in sub.hyper.items()})
     if module.norm is not None:
         net.add("norm", _sub(module.norm, "norm", ctx), h)
-    return net.network()
+    network = net.network()
+    ctx.hyper["shared_weights"] = shared = shares_weights(module, ctx)
+    if not shared:
+        return network
+    return tied_layers(module.layers[0], net, bodies, network)
+
+
+def shares_weights(module: nn.TransformerEncoder, ctx: Context) -> bool:
+    """Whether the encoder's layers hold one set of weights, as torch's deep copies of one layer
+    do until trained (``shared_weights="auto"``): every parameter of every layer equal to the first
+    layer's. Layers whose random weights all differ are independent; a mix is refused."""
+    if ctx.options.shared_weights == "independent" or len(module.layers) < 2:
+        return False
+    first = dict(module.layers[0].named_parameters())
+    random = [k for k, p in first.items() if p.numel() > 1 and bool((p != p.flatten()[0]).any())]
+    same = {bool(torch.equal(first[k], dict(layer.named_parameters())[k]))
+            for layer in module.layers[1:] for k in random}
+    if len(same) > 1:
+        raise UnsupportedLayerError(
+            f"{ctx.name or 'the model'} (TransformerEncoder): some of its layers' weights equal "
+            f"the first layer's and some do not, so neither the kernel of layers sharing weights "
+            f"(torch's clones, before training) nor that of independent layers is this model's. "
+            f"Pass shared_weights='independent' for the latter, or re-initialise every layer.")
+    return same == {True}
+
+
+def tied_layers(first: nn.TransformerEncoderLayer, net: _Parts, bodies: list,
+                network: stax.Layer) -> stax.Layer:
+    """``network`` of encoder layers sharing their weights (:mod:`ntbridge.stax.tied`)."""
+    (body, hyper), index = bodies[0], {name: i for i, (name, _) in enumerate(net.parts)}
+    values = lambda h: repr({k: as_float(v) if isinstance(v, torch.Tensor) else v
+                             for k, v in h.items()})
+    for _, other in bodies[1:]:
+        if values(other) != values(hyper):
+            raise UnsupportedLayerError(
+                f"the layers of a TransformerEncoder share their weights, so they share their "
+                f"variances too, but W_std/b_std give them different ones ({hyper} and {other}); "
+                f"give every layer the same, or pass shared_weights='independent'.")
+    at = index["layers.0"]
+    parts = {name: i for i, (name, _) in enumerate(body.parts)}
+
+    def branch(names: tuple[str, ...]) -> Branch:
+        def rule(k, ids, stack_hyper):
+            for name in names:
+                i = parts[name]
+                fn = stax.with_hyper(body.parts[i][1], stack_hyper[at][i])
+                k = fn((k, ids)) if len(body.inputs[i]) == 2 else fn(k)
+            return k
+        return Branch(rule)
+
+    def norm(name: str) -> Norm:
+        weight, bias = hyper[f"{name}.weight"], hyper[f"{name}.bias"]
+        if any(v is not None and v != v for v in (weight, bias)):
+            raise UnsupportedLayerError(f"{name}'s affine parameters vary across entries: no "
+                                        f"kernel rule (use ntbridge.empirical_ntk).")
+        return Norm(getattr(first, name).eps, weight, bias)
+
+    ff = ("linear1", "activation", "dropout", "linear2")
+    steps = ([branch(("norm1", "self_attn")), branch(("norm2", *ff))] if first.norm_first else
+             [branch(("self_attn",)), norm("norm1"), branch(ff), norm("norm2")])
+
+    def finish(k, stack_hyper):
+        if "norm" not in index:
+            return k
+        return stax.with_hyper(net.parts[index["norm"]][1], stack_hyper[index["norm"]])(k)
+
+    def init_fn(key, shape):  # one draw for every layer, as torch's copies
+        out, params = network.init_fn(key, shape)
+        first_layer = lambda k: re.sub(r"^layers\.\d+\.", "layers.0.", k)
+        return out, {k: params[first_layer(k)] for k in params}
+
+    return tied(network._replace(init_fn=init_fn), steps, len(bodies), finish)
 
 
 def id_readers(graph) -> list:

@@ -18,6 +18,7 @@ Converter = Callable[[nn.Module, "Context"], Layer]
 CONVERTERS: dict[type, Converter] = {}
 INITS = ("torch", "infer")
 ATTENTIONS = ("softmax", "linear")  # torch's 1/sqrt(d) attention, or the tied 1/d variant
+SHARED_WEIGHTS = ("auto", "independent")  # layers holding one set of weights: tied, or not
 ATTENTION_POINTS = Rule().points  # the default of attention_points: the rule's own
 
 
@@ -94,6 +95,7 @@ class Options:
     b_std: StdOption = None
     attention: str = "softmax"
     attention_points: int = ATTENTION_POINTS
+    shared_weights: str = "auto"
     used_names: set = dataclasses.field(default_factory=set)
 
     def __post_init__(self):
@@ -108,6 +110,9 @@ class Options:
         if self.parameterization not in PARAMETERIZATIONS:
             raise InputError(f"parameterization must be one of {PARAMETERIZATIONS}, "
                              f"got {self.parameterization!r}.")
+        if self.shared_weights not in SHARED_WEIGHTS:
+            raise InputError(f"shared_weights must be one of {SHARED_WEIGHTS}, got "
+                             f"{self.shared_weights!r}.")
         if self.init not in INITS:
             raise InputError(f"init must be one of {INITS}, got {self.init!r}.")
         _check_std(self.W_std, "W_std")

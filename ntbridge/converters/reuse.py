@@ -1,0 +1,69 @@
+"""Weights used at two places of a model: the same module twice, one parameter in two modules
+(tied input and output embeddings), or copies of one module holding equal weights.
+
+Weights used twice are jointly Gaussian at both places, so the kernel is not that of independent
+layers; the analytic kernels have that rule for ``nn.TransformerEncoder``'s layers
+(:mod:`ntbridge.stax.tied`) and refuse the other cases rather than compute the kernel of another
+network. ``shared_weights="independent"`` asks for the kernel of independently drawn weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedLayerError
+from .graph import Node
+
+
+def _random(t: torch.Tensor) -> bool:
+    """Whether ``t`` looks drawn at random: more than one entry, not all equal (LayerNorm's ones
+    and zero biases are the same in every copy without being shared)."""
+    flat = t.detach().flatten()
+    return flat.numel() > 1 and bool((flat != flat[0]).any())
+
+
+def _fingerprint(t: torch.Tensor) -> tuple:
+    flat = t.detach().flatten()
+    return tuple(t.shape), t.dtype, tuple(flat[:8].tolist())
+
+
+def _found(node: Node, first: Node, how: str) -> UnsupportedLayerError:
+    return UnsupportedLayerError(
+        f"{node.where} uses the weights of {first.where} ({how}). Weights used at two places are "
+        f"correlated there, which the analytic kernels have a rule for only between the layers of "
+        f"an nn.TransformerEncoder; computing the kernel of independent weights would describe "
+        f"another network. Pass shared_weights='independent' if that network is what you want "
+        f"(e.g. copies you re-initialise), give each place its own module, or use "
+        f"ntbridge.empirical_ntk (this model's own kernel).")
+
+
+def check_reuse(nodes: list[Node]) -> None:
+    """Raise UnsupportedLayerError naming the two modules if the nodes use weights twice (module
+    doc): one module at two nodes, one parameter in two modules, or equal random weights."""
+    modules: dict[int, Node] = {}
+    tensors: dict[int, Node] = {}
+    values: dict[tuple, list[tuple[torch.Tensor, Node]]] = {}
+    for node in nodes:
+        if id(node.module) in modules:
+            raise _found(node, modules[id(node.module)], "the same module, called twice")
+        modules[id(node.module)] = node
+        for name, p in node.module.named_parameters():
+            if id(p) in tensors:
+                raise _found(node, tensors[id(p)], f"the same parameter, its '{name}'")
+            tensors[id(p)] = node
+            if not _random(p):
+                continue
+            same = values.setdefault(_fingerprint(p), [])
+            for q, other in same:
+                if other is not node and torch.equal(p, q):
+                    raise _found(node, other, f"equal values of '{name}', as copies of one "
+                                              f"module hold until trained")
+            same.append((p, node))
+
+
+def children(module: nn.Sequential) -> list[tuple[str, nn.Module]]:
+    """The children of ``module`` by name, a child listed twice included (``named_children``
+    lists it once)."""
+    return [(name, m) for name, m in module.named_modules(remove_duplicate=False)
+            if name and "." not in name]

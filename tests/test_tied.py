@@ -1,0 +1,192 @@
+"""Weights used at two places: nn.TransformerEncoder's cloned layers (the kernel of layers that
+start from one set of weights, ntbridge.stax.tied), and the reuse of weights the analytic kernels
+refuse rather than compute the kernel of another network."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import ntbridge
+from ntbridge.converters import attention
+from ntbridge.errors import InputError, UnsupportedLayerError
+
+
+def encoder_model(d=16, heads=2, layers=2, norm_first=False, reinitialise=False):
+    """A Linear (Gaussian features for the encoder) and an nn.TransformerEncoder, float64, eval;
+    ``reinitialise``: every layer drawn anew (independent layers)."""
+    layer = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True,
+                                       norm_first=norm_first)
+    enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+    if reinitialise:
+        for module in enc.modules():
+            if isinstance(module, nn.MultiheadAttention):
+                module._reset_parameters()
+            elif isinstance(module, nn.Linear):
+                module.reset_parameters()
+    return nn.Sequential(nn.Linear(8, d), enc).double().eval()
+
+
+def _inputs(n=3, t=4, seed=0):
+    return torch.randn(n, t, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_one_layer_with_the_shared_rule_is_the_layer_rule(norm_first, monkeypatch):
+    # the shared-weights rule of a single layer has nothing to share: exactly the layer's rule
+    torch.manual_seed(0)
+    model, x = encoder_model(norm_first=norm_first, layers=1), _inputs()
+    plain = ntbridge.kernel(model, x)
+    monkeypatch.setattr(attention, "shares_weights", lambda module, ctx: True)
+    shared = ntbridge.kernel(model, x)
+    for name in ("nngp", "ntk"):
+        np.testing.assert_allclose(getattr(shared, name), getattr(plain, name), rtol=1e-13,
+                                   atol=0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cloned_layers_kernel_is_pairwise_and_symmetric(norm_first):
+    # a pair's kernel does not depend on the other examples of the call; x2 = x1 is symmetric
+    torch.manual_seed(1)
+    model, x = encoder_model(norm_first=norm_first), _inputs(4)
+    block = ntbridge.kernel(model, x[:3], x[1:])
+    inner = ntbridge.kernel(model, x[1:3], x[2:])
+    full = ntbridge.kernel(model, x)
+    for name in ("nngp", "ntk"):
+        np.testing.assert_allclose(getattr(inner, name), getattr(block, name)[1:, 1:],
+                                   rtol=1e-12, atol=1e-14)
+        k = getattr(full, name)
+        assert torch.equal(k, k.permute(1, 0, 3, 2))
+        assert np.linalg.eigvalsh(k.mean((2, 3)).numpy()).min() > 0
+
+
+def test_reinitialised_layers_get_the_independent_kernel():
+    # the same architecture (one repr), two kernels: no program of one serves the other
+    torch.manual_seed(2)
+    x = _inputs()
+    cloned, fresh = encoder_model(), encoder_model(reinitialise=True)
+    assert repr(cloned) == repr(fresh)
+    k_fresh = ntbridge.kernel(fresh, x)
+    k_independent = ntbridge.kernel(cloned, x, shared_weights="independent")
+    k_cloned = ntbridge.kernel(cloned, x)
+    for name in ("nngp", "ntk"):
+        np.testing.assert_array_equal(getattr(k_fresh, name), getattr(k_independent, name))
+        gap = (getattr(k_cloned, name) - getattr(k_fresh, name)).norm()
+        assert gap > 0.05 * getattr(k_fresh, name).norm()
+
+
+def test_partly_shared_layers_and_different_variances_are_refused():
+    torch.manual_seed(3)
+    model = encoder_model(layers=3)
+    model[1].layers[2].linear1.reset_parameters()
+    with pytest.raises(UnsupportedLayerError, match="some of its layers' weights equal"):
+        ntbridge.convert(model)
+    ntbridge.convert(model, shared_weights="independent")
+    with pytest.raises(UnsupportedLayerError, match="share their variances"):
+        ntbridge.convert(encoder_model(), W_std={"1.layers.1.linear1": 1.0})
+    with pytest.raises(InputError, match="shared_weights must be one of"):
+        ntbridge.convert(encoder_model(), shared_weights="tied")
+
+
+class _CalledTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner, self.head = nn.Linear(4, 4), nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.inner(torch.relu(self.inner(x)))))
+
+
+class _TiedEmbeddings(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.emb(ids).mean(1))
+
+
+def _reused(kind):
+    torch.manual_seed(4)
+    layer = nn.Linear(4, 4)
+    if kind == "module twice":
+        return nn.Sequential(layer, nn.ReLU(), layer), torch.randn(3, 4), "the same module"
+    if kind == "called twice":
+        return _CalledTwice(), torch.randn(3, 4), "the same module"
+    if kind == "tied embeddings":
+        return _TiedEmbeddings(), torch.randint(0, 10, (3, 5)), "the same parameter"
+    copies = nn.Sequential(copy.deepcopy(layer), nn.ReLU(), copy.deepcopy(layer))
+    return copies, torch.randn(3, 4), "equal values"
+
+
+@pytest.mark.parametrize("kind", ["module twice", "called twice", "tied embeddings", "copies"])
+def test_reused_weights_are_refused_by_name(kind):
+    model, x, how = _reused(kind)
+    with pytest.raises(UnsupportedLayerError, match=f"uses the weights of .*{how}"):
+        ntbridge.ntk(model, x)
+    if kind != "tied embeddings":
+        assert torch.isfinite(ntbridge.ntk(model, x, shared_weights="independent")).all()
+
+
+def test_a_module_listed_twice_in_a_sequential_is_run_twice():
+    # named_children lists it once: the converted forward must still be torch's
+    model, x, _ = _reused("module twice")
+    graph = ntbridge.convert(model, shared_weights="independent")
+    assert [n.name for n in graph.layers] == ["0", "1", "2"]
+    ours = graph.apply_fn(graph.params, x.numpy())
+    np.testing.assert_allclose(np.asarray(ours), model(x).detach().numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["module twice", "called twice", "tied embeddings"])
+def test_empirical_ntk_of_reused_weights_is_torch_funcs(kind):
+    # a reused parameter is one parameter: its gradients from both places add up
+    model, x, _ = _reused(kind)
+    ours = ntbridge.empirical_ntk(model, x)  # first: torch.func's calls below swap parameters
+    params = dict(model.named_parameters())
+    jac = torch.func.jacrev(lambda p: torch.func.functional_call(model, p, (x,)))(params)
+    flat = [j.reshape(*j.shape[:2], -1) for j in jac.values()]
+    reference = sum(torch.einsum("nop,mop->nm", j, j) for j in flat) / flat[0].shape[1]
+    np.testing.assert_allclose(ours.detach(), reference.detach(), rtol=1e-5, atol=1e-6)
+
+
+def _wide_samples(norm_first, d, heads, seeds, x, outputs=2):
+    """Per fresh torch model (its layers cloned, as torch builds them): the NNGP and NTK ``(N, N)``
+    of the encoder's token-mean outputs, the NTK from autograd over ``outputs`` output units."""
+    nngps, ntks = [], []
+    for seed in range(seeds):
+        torch.manual_seed(100 + seed)
+        model = encoder_model(d, heads, norm_first=norm_first)
+        params = list(model.parameters())
+        g = model(x).mean(1)
+        nngps.append((g @ g.T / d).detach())
+        rows = [torch.cat([t.flatten() for t in torch.autograd.grad(g[n, c], params,
+                                                                    retain_graph=True)])
+                for c in range(outputs) for n in range(len(x))]
+        jac = torch.stack(rows).reshape(outputs, len(x), -1)
+        ntks.append(torch.einsum("cnp,cmp->nm", jac, jac) / outputs)
+    return {"nngp": torch.stack(nngps).numpy(), "ntk": torch.stack(ntks).numpy()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cloned_encoder_layers_match_wide_torch_models(norm_first):
+    # fresh torch models as torch builds them (layers deep-copied from one) at the model's own
+    # width: their mean kernels lie within 5 combined standard errors (the samples' and the
+    # attention rule's) of the shared-weights kernel; the independent layers' kernel does not
+    d, heads, seeds, x = 256, 16, 24, _inputs()
+    samples = _wide_samples(norm_first, d, heads, seeds, x)
+    model = encoder_model(d, heads, norm_first=norm_first)
+    rule_error = ntbridge.expectation_error(model, x)
+    worst = {}
+    for sharing in ("auto", "independent"):
+        k = ntbridge.kernel(model, x, shared_weights=sharing)
+        for name, s in samples.items():
+            mean, se = s.mean(0), s.std(0, ddof=1) / seeds ** 0.5
+            analytic = getattr(k, name).mean((2, 3)).numpy()
+            se = np.sqrt(se ** 2 + (rule_error * np.abs(analytic).max()) ** 2)
+            worst[sharing, name] = (np.abs(analytic - mean) / se).max()
+    assert max(worst["auto", n] for n in samples) < 5, worst
+    assert max(worst["independent", n] for n in samples) > 5, worst
