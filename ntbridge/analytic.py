@@ -100,7 +100,8 @@ def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStru
     if spec.by_layer and all(n.inputs == (n.index - 1,) for n in graph.layers):
         owners = tuple(n.index for n in graph.layers if n.param_names)
         return (Task(("analytic_by_layer", graph.architecture, owners),
-                     _by_layer_fn(graph, owners), perm, args, pairwise=network.pairwise),
+                     _by_layer_fn(graph, owners), perm, args, pairwise=network.pairwise,
+                     kernels=1 + len(owners)),
                 tuple(graph.layers[j].name for j in owners))
     get = spec.get
     fn = lambda args, a1, a2, covs=None: kernels(network, a1, a2, get, covs, args["hyper"])
@@ -112,7 +113,8 @@ def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStru
                 pairwise=network.pairwise,
                 exactly_symmetric=lambda a1: blocks and splits(a1, None, pair_bytes),
                 program_kind=functools.partial(program_kind, network),
-                compute_bound=network.replicates > 0), None
+                compute_bound=network.replicates > 0,
+                kernels=1 if isinstance(get, str) else len(get)), None
 
 
 def _by_layer_fn(graph, owners: tuple[int, ...]):

@@ -98,7 +98,8 @@ class InitMismatchWarning(UserWarning):
 
 
 class MemoryBudgetError(NtbridgeError, MemoryError):
-    """A kernel (or one tile of it) would not fit in memory; raised before allocating anything."""
+    """A kernel (or one tile of it) would not fit in memory, or a kernel file (``out=``) on its
+    disk; raised before allocating or writing anything."""
 
 
 class ProcessError(NtbridgeError, RuntimeError):

@@ -20,7 +20,8 @@ there: JAX's configuration (including its own compilation cache) is not touched.
 Entries are written to a temporary file and renamed into place, so concurrent processes sharing the
 directory never read a partial entry; an entry that cannot be read is ignored and rewritten; a
 directory that cannot be written warns once (:class:`~ntbridge.errors.CacheWarning`) and the
-programs are compiled as if there were no cache. Entries are executables: keep the directory as
+programs are compiled as if there were no cache; a program that cannot be serialized is not kept.
+Nothing about the cache ever fails a call. Entries are executables: keep the directory as
 private as your home directory (the default is).
 
 Example:
@@ -202,10 +203,21 @@ def _load(path: Path, devices: Sequence):
 
 
 def _store(path: Path, compiled) -> None:
+    """``compiled`` kept in the disk cache at ``path``, if it can be: storing never fails the call
+    that compiled the program. A program XLA cannot serialize is not kept (warned about once per
+    kind of failure, unless it is one of pickle's); a directory that cannot be written warns once
+    (:class:`~ntbridge.errors.CacheWarning`)."""
     from jax.experimental import serialize_executable
     try:
         blob = pickle.dumps(serialize_executable.serialize(compiled))
     except (ValueError, TypeError, pickle.PicklingError):  # a program XLA cannot serialize
+        return
+    except Exception as e:  # XLA's own runtime errors, or no memory for the entry
+        if type(e).__name__ not in _WARNED:
+            _WARNED.add(type(e).__name__)
+            warn(CacheWarning(f"ntbridge cannot keep a compiled program in its compilation cache "
+                              f"({type(e).__name__}: {e}); it is compiled again by a later "
+                              f"process."))
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -217,7 +229,7 @@ def _store(path: Path, compiled) -> None:
         except BaseException:
             os.unlink(tmp)
             raise
-    except OSError as e:  # unwritable or full
+    except Exception as e:  # unwritable or full, mostly (OSError)
         _warn_once(path.parent, e)
 
 

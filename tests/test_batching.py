@@ -4,9 +4,11 @@ import copy
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -62,13 +64,71 @@ def test_out_file_roundtrip_and_stale_refusal(data, tmp_path):
         ntbridge.ntk(MODEL, x1, out=str(foreign))
 
 
-def test_memory_planner_refuses_quickly_without_allocating():
-    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 1))
-    x = torch.randn(400_000, 5)  # a 640 GB kernel
+TINY = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+@pytest.fixture
+def no_compiling(monkeypatch):
+    """Any compilation fails the test: a refusal must come from shapes alone, before it."""
+    def compile(*args, **kwargs):
+        raise AssertionError("a program was compiled before the refusal")
+    monkeypatch.setattr(ntbridge.programs, "compile", compile)
+
+
+def test_a_kernel_beyond_memory_is_refused_in_seconds_from_shapes(no_compiling):
+    """N = 1e7 with x2 = None (a 364 TiB kernel): refused before compiling or copying anything,
+    in a time that does not grow with N; the message gives the size, the free memory and what to
+    do."""
+    x = torch.ones(1, 4).expand(10_000_000, 4)  # ten million examples in 16 bytes
     start = time.perf_counter()
-    with pytest.raises(errors.MemoryBudgetError, match="out='kernel.npy'"):
-        ntbridge.ntk(model, x)
-    assert time.perf_counter() - start < 10
+    with pytest.raises(errors.MemoryBudgetError) as info:
+        ntbridge.ntk(TINY, x)
+    assert time.perf_counter() - start < 3
+    message = str(info.value)
+    assert "10000000 x 10000000 float32: at least 372,529.03 GiB" in message
+    assert "free memory" in message and "out='kernel.npy'" in message
+    assert "fewer examples" in message
+
+
+def test_a_kernel_file_beyond_the_disk_is_refused_in_seconds_leaving_nothing(tmp_path,
+                                                                             no_compiling):
+    """A 33 TB kernel asked for with out=: refused from shapes against the free disk, with no file
+    (not even a stub or its record) left behind."""
+    x = torch.ones(1, 4).expand(2_900_000, 4)
+    start = time.perf_counter()
+    with pytest.raises(errors.MemoryBudgetError,
+                       match=r"needs at least 31,329.69 GiB more on that disk, which has"):
+        ntbridge.ntk(TINY, x, out=str(tmp_path / "k.npy"))
+    assert time.perf_counter() - start < 3
+    assert os.listdir(tmp_path) == []
+
+
+def test_out_is_checked_against_the_free_disk(data, tmp_path, monkeypatch):
+    """A kernel file larger than the free disk (here 100 bytes free) is refused before it is
+    created; an earlier run's file of the request holds its space already and resumes."""
+    x1, _ = data
+    free = lambda directory: types.SimpleNamespace(total=10**12, used=10**12 - 100, free=100)
+    path = tmp_path / "k.npy"
+    with monkeypatch.context() as m:
+        m.setattr(shutil, "disk_usage", free)
+        with pytest.raises(errors.MemoryBudgetError,
+                           match=r"out='.*k.npy': the result \(a kernel of 13 x 13 float32"):
+            ntbridge.ntk(MODEL, x1, batch_size=4, out=str(path))
+    assert os.listdir(tmp_path) == []
+    k = ntbridge.ntk(MODEL, x1, batch_size=4, out=str(path))
+    monkeypatch.setattr(shutil, "disk_usage", free)
+    assert torch.equal(ntbridge.ntk(MODEL, x1, batch_size=4, out=str(path)), k)
+
+
+def test_the_result_is_checked_again_at_its_exact_size(data, monkeypatch):
+    """Outputs of several entries per pair (an empirical NTK of 3 outputs, trace_axes=(): 3 x 3)
+    are checked at their exact size once the first program says what it is; 2 KiB usable fits
+    the least size (13 x 13 float32, 676 bytes), not the exact one (6,084 bytes)."""
+    x1, _ = data
+    monkeypatch.setattr(ntbridge.tiling.plan, "free_bytes", lambda device: 2560)
+    with pytest.raises(errors.MemoryBudgetError, match=r"the result \(a kernel of 13 x 13 x 3 x 3 "
+                                                       r"float32: 0.00 GiB\) does not fit"):
+        ntbridge.empirical_ntk(MODEL, x1, trace_axes=())
 
 
 def test_bad_batching_options(data):

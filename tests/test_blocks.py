@@ -291,3 +291,17 @@ def test_a_pairs_bytes_are_traced_once_per_architecture_and_shape(monkeypatch):
     with jax.enable_x64(not jax.config.jax_enable_x64):
         analytic._pair_bytes_of(graph(), ids)
     assert len(traced) == 3
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_the_program_does_not_grow_with_the_examples(symmetric):
+    """The loop finds each block from the one before: no table of the blocks (a constant of the
+    program, gigabytes at ten million examples) grows with the square of the examples."""
+    fn = lambda args, a1, a2: a1 @ (a1 if a2 is None else a2).T
+    blocked = blocks.in_blocks(fn, lambda a1: 4, lambda ndim: (1, 0))  # blocks of 362 at most
+
+    def size(n):
+        a = jax.ShapeDtypeStruct((n, 3), jnp.float32)
+        return len(jax.jit(blocked).lower(None, a, None if symmetric else a).as_text())
+
+    assert size(20_000) < 1.05 * size(2_000)  # 1596 blocks or 56 x 56 vs 21 or 6 x 6

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import warnings
 
+import jax
 import pytest
 import torch
 from torch import nn
@@ -180,6 +181,33 @@ def test_unwritable_cache_directory_warns_once_and_computes(tmp_path, monkeypatc
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.testing.assert_close(ntbridge.ntk(model, x), k, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("failure", ["serialize", "write"])
+def test_a_program_the_cache_cannot_keep_still_computes(failure, tmp_path, monkeypatch):
+    """XLA failing to serialize a program (as it does for some: 'Failed to serialize
+    CpuAotCompilationResult'), or the entry failing to be written with an error other than an
+    OSError: a warning, no entry, and the kernel all the same."""
+    from jax.experimental import serialize_executable
+    model, x = _tiny()
+    expected = ntbridge.ntk(model, x)
+    monkeypatch.setenv("NTBRIDGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(programs, "_WARNED", set())
+    programs.clear()
+
+    def fail(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError("INTERNAL: Failed to serialize CpuAotCompilationResult")
+
+    if failure == "serialize":
+        monkeypatch.setattr(serialize_executable, "serialize", fail)
+        match = "cannot keep a compiled program in its compilation cache"
+    else:
+        monkeypatch.setattr(programs.tempfile, "mkstemp", fail)
+        match = "cannot write its compilation cache"
+    with pytest.warns(errors.CacheWarning, match=match):
+        k = ntbridge.ntk(model, x)
+    torch.testing.assert_close(k, expected, rtol=0, atol=0)
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".xla"]
 
 
 def test_corrupt_entries_are_ignored_and_rewritten(tmp_path, monkeypatch):

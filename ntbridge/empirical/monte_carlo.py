@@ -106,4 +106,4 @@ def sample_task(spec: MonteCarlo, graph: Initialisable, x1: jax.ShapeDtypeStruct
         return mean, m2
 
     return Task(("monte_carlo", graph.signature, spec.get, spec.seed, spec.count, axes), fn,
-                axes.swap_perm, np.int32(spec.start)), None
+                axes.swap_perm, np.int32(spec.start), kernels=2), None

@@ -17,10 +17,13 @@ by op, in torch: :mod:`.arrays`) and the others are mirrored, so the whole is ex
   ``kernel.npy.tiles.json`` recording the tiles done and a fingerprint of what computed them. A
   killed run started again with the same ``out`` computes only the missing tiles; a different model,
   input or option is refused, never mixed in.
-* Memory: before any work, XLA's memory analysis of the compiled tile program that will run and the
-  size of the result are compared with the free memory; without an explicit ``batch_size`` the
-  largest tile that fits is chosen, and a request that cannot fit raises
-  :class:`~ntbridge.errors.MemoryBudgetError`.
+* Memory: before any work, the size of the result, from shapes alone (the kernel function traced
+  on one example, nothing compiled), is compared with the free memory, or with ``out`` with the
+  free disk of that file; then XLA's memory analysis of the compiled tile program that will run
+  with the memory left (tile sizes whose outputs alone cannot fit are not compiled). Without an
+  explicit ``batch_size`` the largest tile that fits is chosen; a request that cannot fit raises
+  :class:`~ntbridge.errors.MemoryBudgetError` in a time that does not grow with N, leaving no
+  file behind.
 """
 
 from .plan import Batching, Tiling

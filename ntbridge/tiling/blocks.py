@@ -66,20 +66,33 @@ def _blocks(a: jax.Array, size: int) -> jax.Array:
     return a.reshape(count, size, *a.shape[1:])
 
 
-def _starts(n: int, size: int) -> np.ndarray:
-    """The first rows of the blocks of ``size`` examples covering ``n`` in order: the last one
-    ends at ``n`` (it overlaps the one before when ``size`` does not divide ``n``)."""
-    return np.minimum(np.arange(0, n, size), n - size).astype(np.int32)
+def _start(k: jax.Array, n: int, size: int) -> jax.Array:
+    """The first row of block ``k`` of the blocks of ``size`` examples covering ``n`` in order:
+    the last one ends at ``n`` (it overlaps the one before when ``size`` does not divide ``n``)."""
+    return jnp.minimum(k * size, n - size)
 
 
-def _order(starts1: np.ndarray, starts2: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """The blocks ``(rows, cols)`` (their first rows) one loop computes: every pair, or with
-    ``starts2`` None (x2 = x1) those above the diagonal, then the diagonal ones."""
-    if starts2 is not None:
-        i, j = np.divmod(np.arange(len(starts1) * len(starts2)), len(starts2))
-        return starts1[i], starts2[j]
-    i, j = np.triu_indices(len(starts1), 1)
-    return np.concatenate([starts1[i], starts1]), np.concatenate([starts1[j], starts1])
+def _steps(count1: int, count2: int | None) -> int:
+    """The blocks one loop computes (see :func:`_following`): every pair of ``count1`` row and
+    ``count2`` column blocks, or with ``count2`` None (x2 = x1) those on and above the diagonal."""
+    return count1 * (count1 + 1) // 2 if count2 is None else count1 * count2
+
+
+def _following(i: jax.Array, j: jax.Array, count1: int,
+               count2: int | None) -> tuple[jax.Array, jax.Array]:
+    """The block (row and column index) after block ``(i, j)`` in the loop's order, computed in the
+    loop rather than read from tables (tables of every block would make the program grow with the
+    square of the examples): every pair row by row, or with ``count2`` None (x2 = x1) the blocks
+    above the diagonal row by row, starting at ``(0, 1)``, then the diagonal ones. After the last
+    block, an index past the end (:func:`_start` clamps it to the last block)."""
+    if count2 is not None:
+        row_end = j + 1 == count2
+        return jnp.where(row_end, i + 1, i), jnp.where(row_end, 0, j + 1)
+    row_end, above = j + 1 == count1, i < j
+    last_above = row_end & (i + 2 == count1)  # then the diagonal, from (0, 0)
+    i_above = jnp.where(last_above, 0, jnp.where(row_end, i + 1, i))
+    j_above = jnp.where(last_above, 0, jnp.where(row_end, i + 2, j + 1))
+    return jnp.where(above, i_above, i + 1), jnp.where(above, j_above, j + 1)
 
 
 def splits(a1: jax.Array, a2: jax.Array | None, pair_bytes: Callable[[jax.Array], int]) -> bool:
@@ -133,9 +146,10 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
             return fn(args, a1, a2)
         size = block_size(pair_bytes(a1))
         b = a1 if a2 is None else a2
-        s1, s2 = balanced(a1.shape[0], size), balanced(b.shape[0], size)
-        rows, cols = _order(_starts(a1.shape[0], s1), None if a2 is None else
-                            _starts(b.shape[0], s2))
+        n1, n2 = a1.shape[0], b.shape[0]
+        s1, s2 = balanced(n1, size), balanced(n2, size)
+        count1, count2 = -(-n1 // s1), None if a2 is None else -(-n2 // s2)
+        starts = lambda i, j: (_start(i, n1, s1), _start(j, n2, s2))
         shared = per_example is not None and max(s1, s2) <= SHARED_UP_TO
         e1 = _per_example_rows(per_example, args, a1, s1) if shared else None
         e2 = e1 if a2 is None or not shared else _per_example_rows(per_example, args, b, s2)
@@ -149,8 +163,9 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
 
         # the block traced once, for the tile's shapes and the loop's body alike (tracing a deep
         # network's rules is most of a first call's tracing time; replaying the trace is quick)
+        first = np.int32(0), np.int32(0 if a2 is not None else 1)  # the loop's first block
         traced, shapes = jax.make_jaxpr(block, return_shape=True)(
-            rows[0], cols[0], known(rows[0], cols[0]))
+            *starts(*first), known(*starts(*first)))
         replay, out_tree = jaxpr_as_fun(traced), jax.tree.structure(shapes)
         traced_block = lambda i, j, known_ij: jax.tree.unflatten(
             out_tree, replay(i, j, *jax.tree.leaves(known_ij)))
@@ -160,22 +175,22 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
             return jax.tree.map(lambda t, leaf: jax.lax.dynamic_update_slice(
                 t, leaf, (i, j, *rest(leaf))), tile, leaves)
 
-        def step(carry, ij):  # carry: the tile so far, and the data of block ij
-            tile, known_ij = carry
-            i, j, i_next, j_next = ij
-            out = jax.lax.optimization_barrier(traced_block(i, j, known_ij))
+        def step(carry, _):  # carry: the tile so far, block (i, j) and the data of its examples
+            tile, i, j, known_ij = carry
+            r, c = starts(i, j)
+            out = jax.lax.optimization_barrier(traced_block(r, c, known_ij))
             if a2 is None:
                 swap = lambda leaf: jnp.transpose(leaf, perm(leaf.ndim))
                 out = jax.lax.cond(i == j, lambda o: jax.tree.map(
                     lambda leaf: symmetrize(leaf, perm(leaf.ndim)), o), lambda o: o, out)
-                tile = write(tile, jax.tree.map(swap, out), j, i)
-            return (write(tile, out, i, j), known(i_next, j_next)), None
+                tile = write(tile, jax.tree.map(swap, out), c, r)
+            i_next, j_next = _following(i, j, count1, count2)
+            return (write(tile, out, r, c), i_next, j_next, known(*starts(i_next, j_next))), None
 
         empty = jax.tree.map(
-            lambda leaf: jnp.zeros((a1.shape[0], b.shape[0], *leaf.shape[2:]), leaf.dtype), shapes)
-        ahead = lambda r: np.roll(r, -1)
-        (tile, _), _ = jax.lax.scan(step, (empty, known(rows[0], cols[0])),
-                                    (rows, cols, ahead(rows), ahead(cols)))
+            lambda leaf: jnp.zeros((n1, n2, *leaf.shape[2:]), leaf.dtype), shapes)
+        (tile, *_), _ = jax.lax.scan(step, (empty, *first, known(*starts(*first))), None,
+                                     length=_steps(count1, count2))
         return tile
 
     return blocked

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
+import shutil
 
 import jax
 
-from ..errors import InputError, InputTypeError
+from ..devices import free_bytes
+from ..errors import InputError, InputTypeError, MemoryBudgetError
 
 MEMORY_FRACTION = 0.8  # share of free memory a computation may plan to use
 PROGRESS_BLOCKS = 4  # row blocks of a compute-bound kernel whose progress is asked for
@@ -114,3 +117,66 @@ class Tiling:
 
     def cols(self, j: int) -> slice:
         return slice(j * self.b2, min((j + 1) * self.b2, self.n2))
+
+
+def entry_bytes(entry: list[jax.ShapeDtypeStruct]) -> int:
+    """The bytes of one entry (a pair of examples) of a kernel whose leaves for one pair are
+    ``entry`` (``(1, 1, ...)`` shapes and dtypes)."""
+    return sum(math.prod(leaf.shape[2:]) * leaf.dtype.itemsize for leaf in entry)
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:,.2f} GiB"
+
+
+def _describe(n1: int, n2: int, entry: list[jax.ShapeDtypeStruct]) -> str:
+    """The result's arrays in words, e.g. ``2 kernels of 1000 x 1000 float32``."""
+    kinds = collections.Counter(" x ".join(map(str, (n1, n2, *leaf.shape[2:]))) + f" {leaf.dtype}"
+                                for leaf in entry)
+    return ", ".join(f"{count} kernels of {kind}" if count > 1 else f"a kernel of {kind}"
+                     for kind, count in kinds.items())
+
+
+def _on_disk(path: str | os.PathLike) -> int:
+    """The bytes an earlier run's kernel file at ``path`` already holds on disk (the file is
+    sparse: the tiles written so far), 0 if there is none."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return 0
+    blocks = getattr(stat, "st_blocks", None)
+    return stat.st_size if blocks is None else blocks * 512
+
+
+def result_budget(n1: int, n2: int, entry: list[jax.ShapeDtypeStruct], opts: Batching,
+                  least: bool = False) -> float:
+    """The memory the tiles may plan to use once the ``n1 x n2`` result (``entry``: its leaves
+    for one pair of examples; with ``least``, the least they hold) has its place, checked from
+    shapes alone before any work: in memory, or with ``opts.out`` on the disk of that file.
+
+    Raises:
+      MemoryBudgetError: the result fits neither in the free memory (without ``out``) nor on the
+        free disk (with ``out``); nothing has been computed or written.
+      InputError: ``out`` given for more than one kernel.
+    """
+    size, what = n1 * n2 * entry_bytes(entry), _describe(n1, n2, entry)
+    gib = lambda b: ("at least " if least else "") + _gib(b)
+    free = free_bytes(opts.devices[0]) * MEMORY_FRACTION
+    if opts.out is None:
+        if size > free:
+            raise MemoryBudgetError(
+                f"the result ({what}: {gib(size)}) does not fit in the free memory "
+                f"({_gib(free)} usable); pass out='kernel.npy' to write it to disk tile by tile "
+                f"(batch_size= sets the tiles), or use fewer examples in x1 and x2.")
+        return free - size
+    if len(entry) != 1:
+        raise InputError(f"out= stores one kernel, and {what} were asked for; ask for one (e.g. "
+                         f"get='ntk').")
+    directory = os.path.dirname(os.path.abspath(opts.out))
+    missing, available = size - _on_disk(opts.out), shutil.disk_usage(directory).free
+    if missing > available:
+        raise MemoryBudgetError(
+            f"out={str(opts.out)!r}: the result ({what}: {gib(size)}) needs {gib(missing)} more "
+            f"on that disk, which has {_gib(available)} free; free space there, pass out= a path "
+            f"on a larger disk, or use fewer examples in x1 and x2.")
+    return free

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Callable, Hashable, NamedTuple
 
 import jax
@@ -21,13 +20,13 @@ import torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .. import programs
-from ..devices import free_bytes
 from ..dlpack import abstract, all_finite
 from ..errors import InputError, MemoryBudgetError
 from ..progress import Bar
+from ..stax.kernel import kernel_dtype
 from .arrays import symmetrize
 from . import distributed
-from .plan import MEMORY_FRACTION, Batching, Tiling
+from .plan import Batching, Tiling, entry_bytes, result_budget
 from .stores import FileStore, MemoryStore, Perm, fingerprint
 from .transfer import per_device, tile_inputs
 
@@ -67,6 +66,8 @@ class Task:
         ``computation`` and the inputs' shape.
       compute_bound: whether each pair's entry costs much work in little memory (numerical
         expectations, e.g. attention's): see :meth:`Batching.candidate_sizes`.
+      kernels: how many ``(n1, n2, ...)`` arrays ``fn`` returns, or fewer: the least the result
+        holds, whose size is checked from the inputs' shapes before any program is compiled.
     """
 
     computation: Hashable
@@ -79,6 +80,7 @@ class Task:
     program_kind: Callable[[jax.ShapeDtypeStruct], str] = dataclasses.field(
         default=lambda a1: "default", compare=False)
     compute_bound: bool = dataclasses.field(default=False, compare=False)
+    kernels: int = dataclasses.field(default=1, compare=False)
 
 
 def tile_fn(task: Task, tiling: Tiling) -> Callable:
@@ -163,13 +165,28 @@ def _build(task: Task, tiling: Tiling, devices: list, arguments: tuple, opts: Ba
             task.program_kind(abstract(x1))))
 
 
+def _least_entry(task: Task, x1: torch.Tensor) -> list[jax.ShapeDtypeStruct]:
+    """The least one entry (a pair of examples) of ``task``'s kernel holds, known from shapes and
+    dtypes alone: one value of the kernels' dtype in each of its ``task.kernels`` arrays."""
+    return [jax.ShapeDtypeStruct((1, 1), kernel_dtype(abstract(x1).dtype))] * task.kernels
+
+
+def _entry(program: Program) -> list[jax.ShapeDtypeStruct]:
+    """One entry of the kernel of a tile ``program`` (its outputs' leaves, ``(1, 1, ...)``)."""
+    return [jax.ShapeDtypeStruct((1, 1, *leaf.shape[3:]), leaf.dtype)
+            for leaf in jax.tree.leaves(program.executable.out_info)]
+
+
 def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
          opts: Batching) -> tuple[Tiling, Program, float]:
     """The tiling (and its compiled program, and the memory budget it fits in) whose tiles fit in
-    memory, checked before anything is allocated, from XLA's memory analysis of the program that
-    will run."""
+    memory, checked before anything is allocated: the result's least size from shapes alone,
+    before any program is compiled (:func:`~.plan.result_budget`; its exact size once the first
+    program says), then each tile size whose outputs can fit from XLA's memory analysis of the
+    program that will run."""
     n1 = x1.shape[0]
-    free = free_bytes(opts.devices[0]) * MEMORY_FRACTION
+    entry, exact_entry = _least_entry(task, x1), False
+    budget = result_budget(n1, n2, entry, opts, least=True)
     sizes = opts.candidate_sizes(max(n1, n2), task.compute_bound)
     if symmetric and not task.pairwise:
         if opts.batch_size and opts.batch_size < n1:
@@ -178,26 +195,23 @@ def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
                 f"training-mode Dropout terms of an example with itself); pass batch_size=None, or "
                 f"call model.eval().")
         sizes = [n1]
-    for n, b in enumerate(sizes):
+    for b in sizes:
         tiling = Tiling(n1, n2, b, symmetric)
-        program = compiled(task, tiling, opts, x1)
-        if n == 0:  # the result's size, from the output shapes of the first program
-            per_pair = sum(math.prod(o.shape[3:]) * o.dtype.itemsize
-                           for o in jax.tree.leaves(program.executable.out_info))
-            result = n1 * n2 * per_pair
-            if opts.out is None and result > free:
-                raise MemoryBudgetError(
-                    f"the kernel ({n1} x {n2}, {result / 2**30:.2f} GiB) does not fit in the free "
-                    f"memory ({free / 2**30:.2f} GiB usable); pass out='kernel.npy' to write it to "
-                    f"disk tile by tile.")
-            budget = free - (0 if opts.out is not None else result)
-        if program.tile_bytes <= budget:
-            return tiling, program, budget
-    count = len(tiling.devices(opts))
+        count = len(tiling.devices(opts))
+        need, exact = count * tiling.b1 * tiling.b2 * entry_bytes(entry), False  # outputs alone
+        if need <= budget:  # else not worth compiling
+            program = compiled(task, tiling, opts, x1)
+            if not exact_entry:
+                entry, exact_entry = _entry(program), True
+                budget = result_budget(n1, n2, entry, opts)
+            need, exact = program.tile_bytes, True
+            if need <= budget:
+                return tiling, program, budget
     raise MemoryBudgetError(
-        f"one tile of {b} x {b} examples needs {program.tile_bytes / count / 2**30:.2f} GiB per "
-        f"device, more than the {budget / count / 2**30:.2f} GiB free; use fewer or smaller inputs, "
-        f"a cheaper kernel (e.g. a Flatten head instead of global pooling), or a larger device.")
+        f"one tile of {b} x {b} examples needs {'' if exact else 'at least '}"
+        f"{need / count / 2**30:.2f} GiB per device, more than the {budget / count / 2**30:.2f} "
+        f"GiB free; use fewer or smaller inputs, a cheaper kernel (e.g. a Flatten head instead of "
+        f"global pooling), or a larger device.")
 
 
 def _check_finite(tile: list[torch.Tensor], rows: slice, cols: slice) -> None:
@@ -229,8 +243,6 @@ def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None,
     request = distributed.request_name(task.computation[0], n1, n2, tiling.b, symmetric, shapes,
                                        opts.out is None)
     if opts.out is not None:
-        if len(leaves) != 1:
-            raise InputError("out= stores one kernel; ask for one (e.g. get='ntk').")
         meta = {"fingerprint": fingerprint(x1, x2, task.computation, *jax.tree.leaves(task.args)),
                 "tile": [tiling.b1, tiling.b2], "processes": jax.process_count()}
         store = FileStore(opts.out, tiling, shapes[0], leaves[0].dtype, meta, task.perm, request)

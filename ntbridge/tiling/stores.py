@@ -7,6 +7,7 @@ already there) and ``result()`` (the whole kernel's leaves, as torch tensors).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,7 +17,7 @@ import jax
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, MemoryBudgetError
 from .distributed import barrier
 from .plan import Tiling
 
@@ -88,7 +89,7 @@ class FileStore:
         self.record = f"{self.path}.tiles{suffix}.json"
         if pid == 0 and not os.path.exists(self.path):
             self._write_record([])
-            np.lib.format.open_memmap(self.path, mode="w+", dtype=dtype, shape=shape).flush()
+            self._create(dtype, shape)
         barrier(request, "out-created")
         self.done = self._read_done()
         self.map = np.lib.format.open_memmap(self.path, mode="r+")
@@ -96,6 +97,21 @@ class FileStore:
             raise InputError(f"out={self.path!r} holds a {self.map.dtype} array of shape "
                              f"{self.map.shape}, not the {np.dtype(dtype)} {shape} kernel asked for; "
                              f"remove it or pass another path.")
+
+    def _create(self, dtype, shape: tuple) -> None:
+        """The kernel's file (sparse: its blocks are allocated as tiles are written), or, if it
+        cannot be made (a file system's size limit, a disk filled meanwhile), nothing left behind
+        and :class:`~ntbridge.errors.MemoryBudgetError`."""
+        try:
+            np.lib.format.open_memmap(self.path, mode="w+", dtype=dtype, shape=shape).flush()
+        except OSError as e:
+            for path in (self.path, self.record):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+            raise MemoryBudgetError(
+                f"out={self.path!r}: the {np.dtype(dtype)} kernel of shape {shape} cannot be made "
+                f"there ({e}); pass out= a path on a file system that takes it, or use fewer "
+                f"examples in x1 and x2.") from e
 
     def _read_done(self) -> set:
         directory, name = os.path.split(os.path.abspath(self.path))
