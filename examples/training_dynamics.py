@@ -74,7 +74,7 @@ k = ntbridge.ntk(model, torch.cat([x[train], x[test]]), x[train])  # analytic, p
 with torch.no_grad():
     f0, f0_test = model(x[train]), model(x[test])
     infinite = gradient_descent(cross_entropy, k[:N_TRAIN], one_hot[train], lr, float(STEPS),
-                                k_test_train=k[N_TRAIN:], f_train_0=f0, f_test_0=f0_test)
+                                k_test_train=k[N_TRAIN:], fx_train_0=f0, fx_test_0=f0_test)
     scores = {"network": net(x[test]), "linearized": lin(x[test]), "infinite width": infinite.test}
 print(f"Cross-entropy, {STEPS} full-batch steps at lr {lr:.3g} (half the limit), width {WIDTH}, "
       f"{N_TRAIN} training digits:")

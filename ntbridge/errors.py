@@ -11,9 +11,13 @@ Example:
     ...     print(e)
 """
 
+import functools
 import os
 import sys
 import warnings
+from typing import Callable, TypeVar
+
+_Function = TypeVar("_Function", bound=Callable)
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -25,6 +29,34 @@ def warn(warning: Warning) -> None:
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     warnings.warn(warning, stacklevel=level + 1)
+
+
+def renamed(**old_to_new: str) -> Callable[[_Function], _Function]:
+    """A decorator: the function also takes its arguments' previous keyword names, ``old=new``,
+    for one release, with a :class:`DeprecationWarning` at the user's line; both names at once
+    raise ``TypeError``.
+
+    Example:
+        >>> @renamed(lr="learning_rate")
+        ... def step(x, learning_rate=1.0):
+        ...     return x * learning_rate
+        >>> step(2.0, lr=0.5)          # DeprecationWarning: lr is now learning_rate
+        1.0
+    """
+    def decorate(function: _Function) -> _Function:
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            for old, new in old_to_new.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{function.__name__}() got {old}= and {new}=; {old} is "
+                                        f"the previous name of {new}: pass {new} only.")
+                    warn(DeprecationWarning(f"{function.__name__}(): {old}= is deprecated and "
+                                            f"will be removed in the next release; pass {new}=."))
+                    kwargs[new] = kwargs.pop(old)
+            return function(*args, **kwargs)
+        return wrapper
+    return decorate
 
 
 class NtbridgeError(Exception):

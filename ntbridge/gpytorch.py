@@ -3,9 +3,21 @@
 :class:`NNGPKernel` and :class:`NTKKernel` are ``gpytorch.kernels.Kernel``\\ s: they work inside an
 ``ExactGP``, a ``ScaleKernel``, GPyTorch's training loop and BoTorch's ``SingleTaskGP``. Each call
 is :func:`ntbridge.kernel` of the model's architecture (its weights do not matter) with
-``W_std=weight_std`` and ``b_std=bias_std`` for every affine layer: two hyper-parameters, positive
-(GPyTorch's ``Positive`` constraint on ``raw_weight_std`` and ``raw_bias_std``), whose gradients
-ntbridge's kernels carry (as those of the inputs, which BoTorch's acquisition optimisers use).
+``W_std=weight_std`` and ``b_std=bias_std`` for every affine layer, positive (GPyTorch's
+``Positive`` constraint on ``raw_weight_std`` and ``raw_bias_std``), whose gradients ntbridge's
+kernels carry (as those of the inputs, which BoTorch's acquisition optimisers use).
+
+* Which are learned: ``learn=("bias_std",)`` by default; ``weight_std`` stays fixed (1.0 unless
+  given; its ``raw_weight_std`` does not require grad, so optimisers leave it). The overall scale
+  belongs to a ``ScaleKernel``'s ``outputscale``: for a ReLU network (any positively homogeneous
+  activation) scaling every ``W_std`` and ``b_std`` together scales the kernel and shifts the
+  depth-wise balance of the biases only, so with ``weight_std`` free it trades off against the
+  outputscale, and fits drift to huge standard deviations and a vanishing outputscale (e.g.
+  ``weight_std`` 29, ``bias_std`` 18, outputscale 1e-6 on 16 points), gaining little likelihood.
+  With ``weight_std`` fixed, ``bias_std`` is the bias-to-weight ratio, the kernel's shape, and the
+  fit is identifiable (the same problem: ``bias_std`` 0.41, outputscale 1.0, a marginal likelihood
+  0.01 nats per point lower). ``learn=("weight_std", "bias_std")`` learns both, as before (for
+  activations that are not homogeneous, e.g. tanh or erf, ``weight_std`` shapes the kernel too).
 
 * Batches: ``batch_shape=torch.Size([B])`` gives each batch its own ``weight_std`` and
   ``bias_std`` ``(B, 1, 1)``; inputs ``(..., N, D)`` broadcast against it. Each batch is one
@@ -81,6 +93,9 @@ class _NetworkKernel(gpytorch.kernels.Kernel):
     Args:
       model: a torch model that :func:`ntbridge.convert` converts (its weights do not matter).
       weight_std, bias_std: initial ``W_std`` and ``b_std`` of every affine layer (positive).
+      learn: the hyper-parameters to learn, of ``("weight_std", "bias_std")``; the others are
+        fixed (their raw parameters do not require grad). Default: ``bias_std`` only (see the
+        module doc: the identifiable choice with a ``ScaleKernel``).
       input_shape: the shape of one example for the model, when rows ``(D,)`` must be reshaped.
       parameterization: ``"standard"`` or ``"ntk"``, as :func:`ntbridge.kernel`.
       batch_size: ntbridge's tiles of examples (None: its own choice from the free memory).
@@ -92,11 +107,14 @@ class _NetworkKernel(gpytorch.kernels.Kernel):
     get = ""
 
     def __init__(self, model: nn.Module, *, weight_std: float = 1.0, bias_std: float = 0.1,
-                 input_shape: Sequence[int] | None = None, parameterization: str = "standard",
+                 learn: Sequence[str] = ("bias_std",), input_shape: Sequence[int] | None = None, parameterization: str = "standard",
                  batch_size: int | None = None, diag_block: int = 256,
                  batch_shape: torch.Size | None = None, active_dims: Sequence[int] | None = None):
         if not isinstance(model, nn.Module):
             raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+        if isinstance(learn, str) or not set(learn) <= {"weight_std", "bias_std"}:
+            raise InputError(f"learn must be a tuple of names from ('weight_std', 'bias_std'), got "
+                             f"{learn!r}.")
         convert(model, parameterization=parameterization)  # modules without a converter fail here
         super().__init__(batch_shape=batch_shape, active_dims=active_dims)
         self.__dict__["network"] = model  # not a submodule: its weights are no hyper-parameters
@@ -109,6 +127,7 @@ class _NetworkKernel(gpytorch.kernels.Kernel):
                                     nn.Parameter(torch.zeros(*self.batch_shape, 1, 1)))
             self.register_constraint(f"raw_{name}", gpytorch.constraints.Positive())
             setattr(self, name, value)
+            getattr(self, f"raw_{name}").requires_grad_(name in learn)
 
     @property
     def weight_std(self) -> torch.Tensor:
@@ -143,6 +162,8 @@ class _NetworkKernel(gpytorch.kernels.Kernel):
                              f"structure, sum kernels over active_dims instead.")
         same = x1 is x2 or (x1.shape == x2.shape and not x2.requires_grad and torch.equal(x1, x2))
         batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2], self.batch_shape)
+        if x1.shape[-2] == 0 or x2.shape[-2] == 0:  # no examples: empty, as GPyTorch's kernels
+            return x1.new_zeros(*batch, x1.shape[-2], *(() if diag else (x2.shape[-2],)))
         flat = lambda t: t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:])
         a, c = flat(x1), flat(x2)
         W, b = (s.expand(*batch, 1, 1).reshape(-1) for s in (self.weight_std, self.bias_std))

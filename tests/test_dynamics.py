@@ -143,8 +143,8 @@ def test_sgd_on_the_linearized_model_follows_the_closed_form_on_its_empirical_nt
         opt.zero_grad()
         (0.5 * ((lin(x) - y) ** 2).sum()).backward()
         opt.step()
-    out = predict.gradient_descent_mse(k, y, lr, steps=steps, k_test_train=k_test, f_train_0=f0,
-                                       f_test_0=f0_test)
+    out = predict.gradient_descent_mse(k, y, lr, steps=steps, k_test_train=k_test, fx_train_0=f0,
+                                       fx_test_0=f0_test)
     with torch.no_grad():
         torch.testing.assert_close(lin(x), out.train, rtol=0, atol=1e-8)
         torch.testing.assert_close(lin(x_test), out.test, rtol=0, atol=1e-8)

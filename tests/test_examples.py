@@ -19,6 +19,7 @@ EXPECTED = {
     "unet.py": "infinite-width U-Net classifies",
     "bn_resnet.py": "BN-ResNet in eval mode, running statistics",
     "graph_network.py": "each example's own graph, forward(x, adjacency): test accuracy",
+    "gp_fit.py": "learn=('weight_std', 'bias_std'): weight_std",
 }
 WRITES = {"width_analysis.py": {"width_analysis.png", "width_analysis.csv"},  # into --out
           "kernel_distillation.py": {"kernel_distillation.png"}}
@@ -31,6 +32,8 @@ NEEDS_SKLEARN = {"kernel_regression.py", "kernel_distillation.py", "training_dyn
 def test_example_runs(name, tmp_path):
     if name in NEEDS_SKLEARN:
         pytest.importorskip("sklearn", reason="the digits data set ships with scikit-learn")
+    if name == "gp_fit.py":
+        pytest.importorskip("botorch", reason="the example fits BoTorch's SingleTaskGP")
     env = {**os.environ, "NTBRIDGE_EXAMPLE_QUICK": "1", "PYTHONPATH": str(ROOT)}
     cwd, out_dir = tmp_path / "cwd", tmp_path / "out"
     cwd.mkdir()

@@ -119,9 +119,10 @@ def test_array_valued_times_against_the_eigendecomposition(data):
     blocks = dict(nngp_train_train=k_train, nngp_test_train=k_cross, nngp_test_test=nngp[N:, N:])
     lr = 1 / ntk[:N, :N].diagonal().sum().item()  # below 2 / lambda_max
     args = (ntk[:N, :N], y, ntk[N:, :N], t)
-    dense = predict.gradient_descent_mse_ensemble(*args, lr=lr, diag_reg=1e-3, **blocks)
+    dense = predict.gradient_descent_mse_ensemble(*args, learning_rate=lr, diag_reg=1e-3,
+                                                  **blocks)
     tol = 1e-10
-    fast = predict.gradient_descent_mse_ensemble(*args, lr=lr, diag_reg=1e-3, **blocks,
+    fast = predict.gradient_descent_mse_ensemble(*args, learning_rate=lr, diag_reg=1e-3, **blocks,
                                                  solver="cg", tol=tol)
     assert dense.mean.shape == fast.mean.shape == (2, 2, M, 2)
     assert dense.covariance.shape == fast.covariance.shape == (2, 2, M, M)
@@ -145,8 +146,8 @@ def test_array_valued_times_against_the_eigendecomposition(data):
     cov_bound = 2 * delta * (two(k_train) * two(p) + two(k_cross)) + delta ** 2 * two(k_train)
     assert torch.linalg.matrix_norm(fast.covariance[1, 1] - dense.covariance[1, 1]) <= cov_bound
     # a number t keeps the shapes of before
-    one = predict.gradient_descent_mse_ensemble(ntk[:N, :N], y, ntk[N:, :N], 10.0, lr=lr,
-                                                diag_reg=1e-3)
+    one = predict.gradient_descent_mse_ensemble(ntk[:N, :N], y, ntk[N:, :N], 10.0,
+                                                learning_rate=lr, diag_reg=1e-3)
     assert one.mean.shape == (M, 2) and torch.allclose(one.mean, dense.mean[0, 1], rtol=0,
                                                        atol=1e-12)
 
@@ -162,7 +163,7 @@ def test_not_converging_raises_with_the_residual(data):
     with pytest.raises(errors.ConvergenceError, match="Lanczos"):
         predict.gradient_descent_mse_ensemble(ntk[:N, :N], y, ntk[N:, :N], 1e6, solver="cg",
                                               tol=1e-10, max_iter=10, diag_reg=1e-6,
-                                              lr=1 / ntk[:N, :N].diagonal().sum().item())
+                                              learning_rate=1 / ntk[:N, :N].diagonal().sum().item())
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -29,8 +29,8 @@ def test_closed_form_is_the_matrix_exponential_and_the_matrix_power():
     k, ks = kernel(6, 3, 0)
     y, f0, fs0 = targets(6, 2, 1), targets(6, 2, 2), targets(3, 2, 3)
     lr, t, steps = 0.3, 2.5, 7
-    out = predict.gradient_descent_mse(k, y, lr, t=[0.0, t], k_test_train=ks, f_train_0=f0,
-                                       f_test_0=fs0)
+    out = predict.gradient_descent_mse(k, y, lr, t=[0.0, t], k_test_train=ks, fx_train_0=f0,
+                                       fx_test_0=fs0)
     K, Ks, r0 = k.numpy(), ks.numpy(), (f0 - y).numpy()
     np.testing.assert_allclose(out.train[0], f0, atol=1e-12)
     np.testing.assert_allclose(out.train[1], y.numpy() + scipy.linalg.expm(-lr * t * K) @ r0, atol=1e-10)
@@ -39,8 +39,8 @@ def test_closed_form_is_the_matrix_exponential_and_the_matrix_power():
     f, fs = f0.numpy(), fs0.numpy()
     for _ in range(steps):  # the discrete recursion on train and test points
         f, fs = f - lr * K @ (f - y.numpy()), fs - lr * Ks @ (f - y.numpy())
-    out = predict.gradient_descent_mse(k, y, lr, steps=steps, k_test_train=ks, f_train_0=f0,
-                                       f_test_0=fs0)
+    out = predict.gradient_descent_mse(k, y, lr, steps=steps, k_test_train=ks, fx_train_0=f0,
+                                       fx_test_0=fs0)
     np.testing.assert_allclose(out.train, f, atol=1e-10)
     np.testing.assert_allclose(out.test, fs, atol=1e-10)
     limit = predict.gradient_descent_mse(k, y, lr, k_test_train=ks)  # t = inf from zeros
@@ -67,9 +67,9 @@ def test_mse_flow_equals_the_closed_form(full):
         k, ks = (torch.einsum("ij,ab->ijab", a, mix) for a in (k, ks))
     t = torch.tensor([[0.0, 0.7], [4.0, 30.0]])
     own_mse = lambda f, targets: predict.mse(f, targets)  # a loss of one's own: by the solver
-    ode = predict.gradient_descent(own_mse, k, y, 0.5, t, k_test_train=ks, f_train_0=f0,
+    ode = predict.gradient_descent(own_mse, k, y, 0.5, t, k_test_train=ks, fx_train_0=f0,
                                    rtol=1e-11, atol=1e-13)
-    exact = predict.gradient_descent_mse(k, y, 0.5, t, k_test_train=ks, f_train_0=f0)
+    exact = predict.gradient_descent_mse(k, y, 0.5, t, k_test_train=ks, fx_train_0=f0)
     assert ode.train.shape == (2, 2, 8, 2) and ode.test.shape == (2, 2, 3, 2)
     torch.testing.assert_close(ode.train, exact.train, rtol=0, atol=1e-8)
     torch.testing.assert_close(ode.test, exact.test, rtol=0, atol=1e-8)
@@ -214,7 +214,7 @@ def test_momentum_flow_is_the_limit_of_the_heavy_ball_recursion():
     y, lr, b, t = targets(5, 2, 11), 0.3, 0.8, 4.0
     f0, fs0 = targets(5, 2, 12), targets(2, 2, 13)
     ode = predict.gradient_descent(predict.mse, k, y, lr, t, momentum=b, k_test_train=ks,
-                                   f_train_0=f0, f_test_0=fs0, rtol=1e-10, atol=1e-12)
+                                   fx_train_0=f0, fx_test_0=fs0, rtol=1e-10, atol=1e-12)
 
     def heavy_ball(h):
         f, fs = f0, fs0
@@ -280,7 +280,7 @@ def test_bad_kernels_and_targets_are_refused_naming_the_argument():
             "k_train_train is not positive semi-definite"),
            (dict(y_train=y[:3]), r"y_train must be a tensor \(n,\) or \(n, O\) with n = 4"),
            (dict(k_test_train=ks[:, :3]), r"k_test_train must be \(2, 4\)"),
-           (dict(f_train_0=torch.zeros(4, 3)), r"f_train_0 must be \(4, 2\)"),
+           (dict(fx_train_0=torch.zeros(4, 3)), r"fx_train_0 must be \(4, 2\)"),
            (dict(k_train_train=k[:, :3]), r"must be \(n, n\) or \(n, n, O, O\)")]
     for change, message in bad:
         args = dict(k_train_train=k, y_train=y, k_test_train=ks) | change
@@ -289,7 +289,8 @@ def test_bad_kernels_and_targets_are_refused_naming_the_argument():
     full = torch.einsum("ij,ab->ijab", k, torch.eye(2, dtype=k.dtype))
     with pytest.raises(errors.InputError, match=r"y_train must be \(4, 2\) for k_train_train"):
         predict.gradient_descent(predict.mse, full, y[:, :1], 0.1, 1.0)
-    with pytest.raises(errors.InputError, match="t=inf needs loss=ntbridge.predict.mse"):
+    with pytest.raises(errors.InputError,
+                       match=r"t=inf \(or None, the default\) needs loss=ntbridge.predict.mse"):
         predict.gradient_descent(lambda f, y: F.cross_entropy(f, y), k, y, 0.1, math.inf)
     with pytest.raises(errors.InputError, match="steps counts steps and must be whole"):
         predict.gradient_descent_mse(k, y, 0.1, steps=2.5)

@@ -125,8 +125,8 @@ def training_sweep(make_model: Callable[[int], nn.Module], widths: Sequence[int]
             with torch.no_grad():
                 f0, f0_test = model(x_train), model(x_test)
             infinite = gradient_descent_mse(k[:n], y_train.double(), lr, steps=list(checkpoints),
-                                            k_test_train=k[n:], f_train_0=f0.double(),
-                                            f_test_0=f0_test.double()).test
+                                            k_test_train=k[n:], fx_train_0=f0.double(),
+                                            fx_test_0=f0_test.double()).test
             lin = _train(linearize(model), x_train, y_train, x_test, lr, checkpoints)
             trained = _train(copy.deepcopy(model), x_train, y_train, x_test, lr, checkpoints)
             distances["linearized"][i, s] = _rms(trained, lin)

@@ -35,6 +35,35 @@ def regularized(k: torch.Tensor, diag_reg: float) -> torch.Tensor:
     return k + shift * torch.eye(k.shape[0], dtype=k.dtype, device=k.device)
 
 
+def computable(*kernels: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """The kernels in a dtype torch's linear algebra takes: float16 and bfloat16 become float32
+    (ntbridge's kernel functions compute and return those inputs in float32 too); others, and
+    None, pass unchanged.
+
+    Example:
+        >>> computable(torch.eye(2, dtype=torch.float16), None)[0].dtype
+        torch.float32
+    """
+    low = (torch.float16, torch.bfloat16)
+    return tuple(k.float() if k is not None and k.dtype in low else k for k in kernels)
+
+
+def spectrum(name: str, k: torch.Tensor, diag_reg: float,
+             limit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues ``(n,)`` (ascending) and eigenvectors ``(n, n)`` of ``k`` regularized by
+    ``diag_reg``, checked: positive semi-definite up to rounding, and positive definite when the
+    ``t = inf`` ``limit`` is asked (it inverts ``k``)."""
+    lam, vecs = torch.linalg.eigh(regularized(k, diag_reg))
+    if lam[0] < -tolerance(k) * lam[-1].abs():
+        raise InputError(f"{name} is not positive semi-definite (eigenvalues from "
+                         f"{lam[0].item():.3g} to {lam[-1].item():.3g}); pass a kernel matrix of "
+                         f"the training inputs (diag_reg > 0 lifts rounding errors).")
+    if limit and lam[0] <= 0:
+        raise InputError(f"{name} is singular, so the t=inf limit is undefined; pass diag_reg > 0 "
+                         f"(e.g. 1e-6).")
+    return lam, vecs
+
+
 def check_blocks(k_train_train: torch.Tensor, y_train: torch.Tensor,
                  k_test_train: torch.Tensor) -> torch.Tensor:
     """The targets as ``(n, k)`` after checking that the per-unit blocks fit them."""

@@ -11,7 +11,7 @@ eigendecomposition.
 
 Example:
     >>> k = ntbridge.empirical_ntk(model, x, trace_axes=())        # (n, n, O, O), finite width
-    >>> out = gradient_descent_mse(k, y, learning_rate=0.1, steps=[0, 10, 100], f_train_0=model(x))
+    >>> out = gradient_descent_mse(k, y, learning_rate=0.1, steps=[0, 10, 100], fx_train_0=model(x))
     >>> out.train.shape                                            # (3, n, O)
 """
 
@@ -22,8 +22,8 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from ..errors import InputError, LearningRateWarning, warn
-from .checks import Layout, regularized, tolerance
+from ..errors import InputError, LearningRateWarning, renamed, warn
+from .checks import Layout, computable, spectrum
 
 Times = float | Sequence[float] | torch.Tensor
 
@@ -36,10 +36,11 @@ class Trajectory(NamedTuple):
     test: torch.Tensor | None
 
 
-def times(name: str, t: Times, integer: bool = False) -> tuple[torch.Tensor, tuple[int, ...]]:
+def times(name: str, t: Times | None,
+          integer: bool = False) -> tuple[torch.Tensor, tuple[int, ...]]:
     """``(flat float64 times, their shape)``, checked: >= 0 (``math.inf`` allowed), integers for
-    step counts."""
-    when = torch.as_tensor(t, dtype=torch.float64).detach().cpu()
+    step counts; ``None`` is ``math.inf`` (Neural Tangents' convention)."""
+    when = torch.as_tensor(math.inf if t is None else t, dtype=torch.float64).detach().cpu()
     finite = when[torch.isfinite(when)]
     if bool(torch.isnan(when).any()) or bool((when < 0).any()):
         raise InputError(f"{name} must be >= 0 (or math.inf), got {t!r}.")
@@ -77,6 +78,7 @@ def max_learning_rate(k_train_train: torch.Tensor, *, loss_curvature: float = 1.
         >>> lr = max_learning_rate(ntbridge.ntk(model, x_train)) / 2     # a safe step
     """
     layout = Layout.of_kernel(k_train_train)
+    (k_train_train,) = computable(k_train_train)
     if not loss_curvature > 0:
         raise InputError(f"loss_curvature must be > 0, got {loss_curvature!r}.")
     if not 0 <= momentum < 1:
@@ -108,12 +110,13 @@ def modes(lam: torch.Tensor, lr: float, when: torch.Tensor,
     return torch.where(infinite, 0, decay), torch.where(infinite, 1 / safe, integral)
 
 
+@renamed(f_train_0="fx_train_0", f_test_0="fx_test_0")
 def gradient_descent_mse(k_train_train: torch.Tensor, y_train: torch.Tensor,
                          learning_rate: float = 1.0, t: Times | None = None, *,
                          steps: Times | None = None, diag_reg: float = 0.0,
                          k_test_train: torch.Tensor | None = None,
-                         f_train_0: torch.Tensor | None = None,
-                         f_test_0: torch.Tensor | None = None) -> Trajectory:
+                         fx_train_0: torch.Tensor | None = None,
+                         fx_test_0: torch.Tensor | None = None) -> Trajectory:
     """Outputs of gradient descent on the MSE with kernel ``k_train_train``, in closed form.
 
     Args:
@@ -121,13 +124,16 @@ def gradient_descent_mse(k_train_train: torch.Tensor, y_train: torch.Tensor,
         ``ntbridge.empirical_ntk(..., trace_axes=())``); symmetric positive semi-definite.
       y_train: ``(n, O)`` or ``(n,)`` targets.
       learning_rate: the step size ``lr``.
-      t: continuous times (gradient flow; ``math.inf`` the converged limit), a number or an array.
+      t: continuous times (gradient flow; ``math.inf`` the converged limit), a number or an array;
+        None (default): ``math.inf``.
       steps: instead of ``t``, numbers of discrete steps (warns beyond :func:`max_learning_rate`).
-        Neither: ``t = inf``.
       diag_reg: adds ``diag_reg * mean(diag(k))`` to the train kernel's diagonal.
       k_test_train: ``(m, n)`` or ``(m, n, O, O)``, for predictions on test points.
-      f_train_0, f_test_0: outputs at time 0, ``(n, O)`` and ``(m, O)``; zeros (the infinite
-        ensemble's mean) when None.
+      fx_train_0, fx_test_0: outputs at time 0, ``(n, O)`` and ``(m, O)``; zeros (the infinite
+        ensemble's mean) when None. (``f_train_0``/``f_test_0``: their deprecated names.)
+
+    float16/bfloat16 kernels are computed in float32 and give float32 outputs (as ntbridge's
+    kernel functions do).
 
     Returns:
       A :class:`Trajectory`: ``train (*t.shape, n, O)`` and ``test (*t.shape, m, O)``.
@@ -140,31 +146,24 @@ def gradient_descent_mse(k_train_train: torch.Tensor, y_train: torch.Tensor,
     if t is not None and steps is not None:
         raise InputError("pass t (continuous time) or steps (discrete steps), not both.")
     discrete = steps is not None
-    when, shape = times("steps" if discrete else "t", steps if discrete else
-                        (math.inf if t is None else t), integer=discrete)
+    when, shape = times("steps" if discrete else "t", steps if discrete else t, integer=discrete)
+    k_train_train, k_test_train = computable(k_train_train, k_test_train)
     if not 0 < learning_rate < math.inf:
         raise InputError(f"learning_rate must be a positive number, got {learning_rate!r}.")
     k = layout.matrix("k_train_train", k_train_train)
-    lam, vecs = torch.linalg.eigh(regularized((k + k.T) / 2, diag_reg))
-    if lam[0] < -tolerance(k) * lam[-1].abs():
-        raise InputError(f"k_train_train is not positive semi-definite (eigenvalues from "
-                         f"{lam[0].item():.3g} to {lam[-1].item():.3g}); pass a kernel matrix of "
-                         f"the training inputs (diag_reg > 0 lifts rounding errors).")
-    if bool(torch.isinf(when).any()) and lam[0] <= 0:
-        raise InputError("the train kernel is singular, so the t=inf limit is undefined; pass "
-                         "diag_reg > 0 (e.g. 1e-6).")
+    lam, vecs = spectrum("k_train_train", (k + k.T) / 2, diag_reg, bool(torch.isinf(when).any()))
     if discrete and learning_rate > (limit := stability_limit(lam[-1].item(), 1.0, 0.0)):
         warn(LearningRateWarning(f"learning_rate {learning_rate:.4g} exceeds the stability limit "
                                  f"of discrete steps, max_learning_rate = 2 / lambda_max(K) = "
                                  f"{limit:.4g}: the outputs diverge."))
     y = layout.flat(y_train.to(k.dtype))
-    coef = vecs.T @ (layout.initial("f_train_0", f_train_0, layout.n, k) - y)  # (N, C)
+    coef = vecs.T @ (layout.initial("fx_train_0", fx_train_0, layout.n, k) - y)  # (N, C)
     decay, integral = modes(lam.clamp_min(0), learning_rate, when, discrete)
     train = layout.values(y + vecs @ (decay[:, :, None] * coef))
     test = None
     if k_test_train is not None:
         k_star = layout.matrix("k_test_train", k_test_train, rows=k_test_train.shape[0])
-        f_test = layout.initial("f_test_0", f_test_0, k_test_train.shape[0], k)
+        f_test = layout.initial("fx_test_0", fx_test_0, k_test_train.shape[0], k)
         test = layout.values(f_test - (k_star @ vecs) @ (integral[:, :, None] * coef))
         test = test.reshape(*shape, *test.shape[1:])
     return Trajectory(train.reshape(*shape, *train.shape[1:]), test)

@@ -32,8 +32,8 @@ from typing import Callable
 
 import torch
 
-from ..errors import InputError
-from .checks import Layout
+from ..errors import InputError, renamed
+from .checks import Layout, computable
 from .closed_form import Times, Trajectory, gradient_descent_mse, times
 from .ode import solve
 
@@ -68,10 +68,12 @@ def _flow(k: torch.Tensor, gradient: Callable[[torch.Tensor], torch.Tensor], lr:
     return heavy_ball
 
 
+@renamed(f_train_0="fx_train_0", f_test_0="fx_test_0")
 def gradient_descent(loss: Loss, k_train_train: torch.Tensor, y_train: torch.Tensor,
-                     learning_rate: float, t: Times, *, momentum: float | None = None,
-                     k_test_train: torch.Tensor | None = None,
-                     f_train_0: torch.Tensor | None = None, f_test_0: torch.Tensor | None = None,
+                     learning_rate: float = 1.0, t: Times | None = None, *,
+                     momentum: float | None = None, k_test_train: torch.Tensor | None = None,
+                     fx_train_0: torch.Tensor | None = None,
+                     fx_test_0: torch.Tensor | None = None,
                      rtol: float = 1e-7, atol: float = 1e-10,
                      max_steps: int = 100_000) -> Trajectory:
     """Outputs of continuous-time gradient descent on ``loss`` with kernel ``k_train_train``.
@@ -84,11 +86,13 @@ def gradient_descent(loss: Loss, k_train_train: torch.Tensor, y_train: torch.Ten
       k_train_train: ``(n, n)`` per output unit or ``(n, n, O, O)``, symmetric.
       y_train: ``(n, O)`` or ``(n,)`` targets; the outputs have their shape (``O = 1`` for ``(n,)``).
       learning_rate: ``lr``, scaling the kernel.
-      t: times in steps (a number or an array); ``math.inf`` only with :func:`mse`, whose limit is in
-        closed form (other losses, e.g. cross-entropy on separable data, have no limit).
+      t: times in steps (a number or an array); ``math.inf`` (or None, the default) only with
+        :func:`mse`, whose limit is in closed form (other losses, e.g. cross-entropy on separable
+        data, have no limit).
       momentum: ``b`` in [0, 1) for heavy-ball momentum; None for plain gradient descent.
       k_test_train: ``(m, n)`` or ``(m, n, O, O)``, for predictions on test points.
-      f_train_0, f_test_0: outputs at time 0, ``(n, O)`` and ``(m, O)``; zeros when None.
+      fx_train_0, fx_test_0: outputs at time 0, ``(n, O)`` and ``(m, O)``; zeros when None
+        (``f_train_0``/``f_test_0``: their deprecated names).
       rtol, atol: the solver's error tolerances (relative to the state, absolute).
       max_steps: the most solver steps before giving up (stiff dynamics with momentum: long times).
 
@@ -101,9 +105,10 @@ def gradient_descent(loss: Loss, k_train_train: torch.Tensor, y_train: torch.Ten
     """
     if loss is mse and momentum is None:  # a linear flow: its closed form, exact at any time
         return gradient_descent_mse(k_train_train, y_train, learning_rate, t,
-                                    k_test_train=k_test_train, f_train_0=f_train_0,
-                                    f_test_0=f_test_0)
+                                    k_test_train=k_test_train, fx_train_0=fx_train_0,
+                                    fx_test_0=fx_test_0)
     layout = Layout.of(k_train_train, y_train)
+    k_train_train, k_test_train = computable(k_train_train, k_test_train)
     when, shape = times("t", t)
     if not 0 < learning_rate < math.inf:
         raise InputError(f"learning_rate must be a positive number, got {learning_rate!r}.")
@@ -111,13 +116,14 @@ def gradient_descent(loss: Loss, k_train_train: torch.Tensor, y_train: torch.Ten
         raise InputError(f"momentum must be in [0, 1) (or None for none), got {momentum!r}.")
     infinite = torch.isinf(when)
     if bool(infinite.any()) and loss is not mse:
-        raise InputError("t=inf needs loss=ntbridge.predict.mse, whose limit is in closed form; "
-                         "for other losses pass finite times.")
+        raise InputError("t=inf (or None, the default) needs loss=ntbridge.predict.mse, whose "
+                         "limit is in closed form; for other losses pass finite times.")
     k = layout.matrix("k_train_train", k_train_train)
     k_star = (None if k_test_train is None else
               layout.matrix("k_test_train", k_test_train, rows=k_test_train.shape[0]))
-    f0 = layout.initial("f_train_0", f_train_0, layout.n, k)
-    f0_star = None if k_star is None else layout.initial("f_test_0", f_test_0, len(k_test_train), k)
+    f0 = layout.initial("fx_train_0", fx_train_0, layout.n, k)
+    f0_star = (None if k_star is None else
+               layout.initial("fx_test_0", fx_test_0, len(k_test_train), k))
 
     shaped = lambda columns: layout.values(columns).reshape(y_train.shape)
     gradient = torch.func.grad(lambda columns: loss(shaped(columns), y_train))
@@ -131,8 +137,8 @@ def gradient_descent(loss: Loss, k_train_train: torch.Tensor, y_train: torch.Ten
     test = None if k_star is None else f0_star - learning_rate * k_star @ states[:, parts // 2]
     if bool(infinite.any()):
         limit = gradient_descent_mse(k_train_train, y_train, learning_rate, math.inf,
-                                     k_test_train=k_test_train, f_train_0=f_train_0,
-                                     f_test_0=f_test_0)
+                                     k_test_train=k_test_train, fx_train_0=fx_train_0,
+                                     fx_test_0=fx_test_0)
         train = _merge(train, layout.flat(limit.train), infinite)
         test = None if test is None else _merge(test, layout.flat(limit.test), infinite)
     shaped_in_time = lambda columns: layout.values(columns).reshape(*shape, -1, layout.outputs)

@@ -4,8 +4,9 @@ Torch tensors in and out, computed in the kernels' dtype (float64 recommended: t
 amplify rounding errors by the kernel's condition number). Shapes: ``k_train_train (n, n)``,
 ``y_train (n, k)``, ``k_test_train (m, n)``, ``k_test_test (m, m)``.
 
-Training is gradient flow on ``L = 1/2 sum_i |f(x_i) - y_i|^2`` with learning rate ``lr``:
-``df/dt = -lr * NTK (f - y)``; ``t = inf`` is the converged ensemble.
+Training is gradient flow on ``L = 1/2 sum_i |f(x_i) - y_i|^2`` with learning rate ``lr``
+(``learning_rate``): ``df/dt = -lr * NTK (f - y)``; ``t = inf`` (or None, the default) is the
+converged ensemble. float16/bfloat16 kernels are computed in float32, giving float32 results.
 
 Two solvers: the dense ones (default: a Cholesky factorisation for GP inference, an
 eigendecomposition for the ensemble) are torch operations, differentiable by torch autograd
@@ -22,9 +23,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, renamed
 from . import iterative
-from .checks import check_blocks, finite, regularized
+from .checks import check_blocks, computable, finite, regularized, spectrum
 from .closed_form import Times, modes, times
 
 
@@ -69,6 +70,7 @@ def gp_inference(k_train_train: torch.Tensor, y_train: torch.Tensor, k_test_trai
         >>> pred = ntbridge.predict.gp_inference(big, y_train, k_test_train, diag_reg=1e-4,
         ...                                      solver="cg", tol=1e-6)
     """
+    k_train_train, k_test_train, k_test_test = computable(k_train_train, k_test_train, k_test_test)
     y = check_blocks(k_train_train, y_train, k_test_train)
     how = iterative.settings(solver, "cholesky", k_train_train.dtype, tol, max_iter,
                              preconditioner_rank)
@@ -76,7 +78,12 @@ def gp_inference(k_train_train: torch.Tensor, y_train: torch.Tensor, k_test_trai
         finite("y_train", y)
         return Prediction(*iterative.gp_inference(k_train_train, y, k_test_train, k_test_test,
                                                   diag_reg, how))
-    chol = torch.linalg.cholesky(regularized(k_train_train, diag_reg))
+    chol, info = torch.linalg.cholesky_ex(regularized(k_train_train, diag_reg))
+    if info > 0:
+        raise InputError(f"k_train_train plus diag_reg * mean(diag) = {diag_reg:g} is not positive "
+                         f"definite (its leading minor of order {info.item()} is not); pass "
+                         f"diag_reg > 0 (e.g. 1e-6, more for a float32 kernel), and a kernel "
+                         f"matrix of the training inputs with themselves.")
     mean = k_test_train @ torch.cholesky_solve(y, chol)
     cov = None
     if k_test_test is not None:
@@ -85,24 +92,27 @@ def gp_inference(k_train_train: torch.Tensor, y_train: torch.Tensor, k_test_trai
     return Prediction(mean, cov)
 
 
+@renamed(lr="learning_rate")
 def gradient_descent_mse_ensemble(ntk_train_train: torch.Tensor, y_train: torch.Tensor,
-                                  ntk_test_train: torch.Tensor, t: Times = math.inf, *,
+                                  ntk_test_train: torch.Tensor, t: Times | None = None, *,
                                   nngp_train_train: torch.Tensor | None = None,
                                   nngp_test_train: torch.Tensor | None = None,
                                   nngp_test_test: torch.Tensor | None = None,
-                                  lr: float = 1.0, diag_reg: float = 0.0, solver: str = "eigh",
+                                  learning_rate: float = 1.0, diag_reg: float = 0.0,
+                                  solver: str = "eigh",
                                   tol: float | None = None, max_iter: int | None = None,
                                   preconditioner_rank: int | None = None) -> Prediction:
     """Mean and covariance of the infinite ensemble of wide networks trained for time ``t``.
 
-    With ``P(t) = ntk_test_train NTK^-1 (I - exp(-lr NTK t))`` (NTK = ``ntk_train_train``): mean
+    With ``P(t) = ntk_test_train NTK^-1 (I - exp(-lr NTK t))`` (NTK = ``ntk_train_train``,
+    ``lr = learning_rate``; ``lr=`` is its deprecated spelling): mean
     ``P(t) y``; covariance (needs the NNGPs) ``K** + P K P^T - P K*^T - K* P^T`` with ``K`` the
     train NNGP and ``K*`` the test-train NNGP.
 
     Args:
-      t: a time >= 0 (``math.inf``: converged) or an array of them: the mean is then
-        ``(*t.shape, m, k)`` and the covariance ``(*t.shape, m, m)`` (a number: ``(m, k)`` and
-        ``(m, m)``).
+      t: a time >= 0 (``math.inf`` or None, the default: converged) or an array of them: the
+        mean is then ``(*t.shape, m, k)`` and the covariance ``(*t.shape, m, m)`` (a number:
+        ``(m, k)`` and ``(m, m)``).
       solver: ``"eigh"`` (default): one eigendecomposition of the NTK for all times, dense and
         differentiable. ``"cg"``: products with the kernels only, read in row blocks (kernels
         on disk by ``out=`` work), not differentiable: ``t = inf`` by preconditioned conjugate
@@ -113,13 +123,17 @@ def gradient_descent_mse_ensemble(ntk_train_train: torch.Tensor, y_train: torch.
         finite times ``tol`` bounds the relative change of the Lanczos estimate between checks.
 
     Example:
-        >>> pred = gradient_descent_mse_ensemble(ntk_tt, y, ntk_st, t=math.inf, diag_reg=1e-6)
+        >>> pred = gradient_descent_mse_ensemble(ntk_tt, y, ntk_st, diag_reg=1e-6)  # t = inf
         >>> pred = gradient_descent_mse_ensemble(ntk_tt, y, ntk_st, t=[1.0, 10.0, math.inf],
         ...                                      diag_reg=1e-6, solver="cg")
         >>> pred.mean.shape                                          # (3, m, k)
     """
+    ntk_train_train, ntk_test_train, nngp_train_train, nngp_test_train, nngp_test_test = computable(
+        ntk_train_train, ntk_test_train, nngp_train_train, nngp_test_train, nngp_test_test)
     y = check_blocks(ntk_train_train, y_train, ntk_test_train)
     when, shape = times("t", t)
+    if not 0 < learning_rate < math.inf:
+        raise InputError(f"learning_rate must be a positive number, got {learning_rate!r}.")
     how = iterative.settings(solver, "eigh", ntk_train_train.dtype, tol, max_iter,
                              preconditioner_rank)
     if nngp_test_test is not None and (nngp_train_train is None or nngp_test_train is None):
@@ -128,10 +142,11 @@ def gradient_descent_mse_ensemble(ntk_train_train: torch.Tensor, y_train: torch.
     nngp = None if nngp_test_test is None else (nngp_train_train, nngp_test_train, nngp_test_test)
     if how is not None:
         finite("y_train", y)
-        mean, cov = iterative.ensemble(ntk_train_train, y, ntk_test_train, when, lr, diag_reg,
-                                       nngp, how)
+        mean, cov = iterative.ensemble(ntk_train_train, y, ntk_test_train, when, learning_rate,
+                                       diag_reg, nngp, how)
     else:
-        mean, cov = dense_ensemble(ntk_train_train, y, ntk_test_train, when, lr, diag_reg, nngp)
+        mean, cov = dense_ensemble(ntk_train_train, y, ntk_test_train, when, learning_rate,
+                                   diag_reg, nngp)
     return Prediction(mean.reshape(*shape, *mean.shape[1:]),
                       None if cov is None else cov.reshape(*shape, *cov.shape[1:]))
 
@@ -141,10 +156,8 @@ def dense_ensemble(ntk_train_train: torch.Tensor, y: torch.Tensor, ntk_test_trai
                    nngp: tuple | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The ensemble's mean ``(T, m, k)`` and covariance ``(T, m, m)`` (or None) at the times
     ``when (T,)``, by an eigendecomposition of the NTK."""
-    eigvals, vecs = torch.linalg.eigh(regularized(ntk_train_train, diag_reg))
-    if bool(torch.isinf(when).any()) and eigvals.min() <= 0:
-        raise InputError("the train NTK is singular, so the t=inf ensemble is undefined; pass "
-                         "diag_reg > 0 (e.g. 1e-6).")
+    eigvals, vecs = spectrum("ntk_train_train", ntk_train_train, diag_reg,
+                             bool(torch.isinf(when).any()))
     # (1 - exp(-lr lam t)) / lam, with its limit lr t at lam = 0 (1 / lam at t = inf): (T, n)
     factor = modes(eigvals.clamp_min(0), lr, when, discrete=False)[1]
     p = (ntk_test_train @ vecs) * factor[:, None, :] @ vecs.T  # (T, m, n)

@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -101,8 +100,6 @@ def ensemble(ntk_train_train: torch.Tensor, y: torch.Tensor, ntk_test_train: tor
              how: Settings) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The ensemble's mean ``(T, m, c)`` and covariance ``(T, m, m)`` (``nngp``: the train, test-
     train and test-test NNGPs, or None) at the times ``when (T,)``, by CG and Lanczos."""
-    if not 0 < lr < math.inf:
-        raise InputError(f"lr must be a positive number, got {lr!r}.")
     g = transients(ntk_train_train, columns(y, ntk_test_train, nngp is not None), when, lr,
                    diag_reg, how)
     c, dtype = y.shape[1], ntk_train_train.dtype
