@@ -27,7 +27,7 @@ from .converters.registry import ATTENTION_POINTS, StdOption
 from .dlpack import model_dtype, precision, to_jax
 from .empirical import Moments, running, sample_counts
 from .empirical.reinit import check_resettable, reinitialise
-from .errors import InputError, UnsupportedLayerError
+from .errors import BatchStatisticsWarning, InputError, UnsupportedLayerError, warn
 from .pipeline import Prepared, Request, execute, prepare, run
 from .results import Kernels
 from .specs import Analytic, EmpiricalNNGP, EmpiricalNTK, MonteCarlo
@@ -119,13 +119,21 @@ def expectation_error(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | Non
 
 def _empirical_batching(model: nn.Module, options: dict) -> tuple[Batching, bool]:
     """The batching of an empirical kernel, and whether the model's examples interact (then in
-    one tile)."""
-    batching, interact = Batching(**options), bool(batch_statistics(model))
+    one tile, with a :class:`~ntbridge.errors.BatchStatisticsWarning` naming the modules)."""
+    batching, modules = Batching(**options), batch_statistics(model)
+    interact = bool(modules)
     if interact:
         if batching.batch_size or batching.device_count not in (-1, 1):
             raise InputError("the model's examples interact (BatchNorm using batch statistics), "
                              "so its kernel cannot be tiled; drop batch_size and device_count, "
                              "or put the model in eval mode (model.eval()).")
+        warn(BatchStatisticsWarning(
+            f"{', '.join(modules)} normalises with the batch's own statistics, so this empirical "
+            f"kernel is that of the joint batch cat(x1, x2): an entry depends on which other "
+            f"examples are in the call, not on its pair alone. Call model.eval() for the kernel "
+            f"of each pair (running statistics), or, if the joint batch is what you want, "
+            f"silence this warning: warnings.simplefilter('ignore', "
+            f"ntbridge.errors.BatchStatisticsWarning)."))
         batching = Batching(0, 1, batching.store_on_device, batching.progress, batching.out)
     return batching, interact
 
@@ -143,7 +151,10 @@ def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = 
 
     Models with BatchNorm using batch statistics (train mode): an example's output depends on the
     whole batch, so the kernel is that of the joint batch ``X = cat(x1, x2)`` (``x1`` alone when x2
-    is None), as ``torch.func.jacrev`` of ``model(X)`` gives it: ``J(X)[:N1] J(X)[N1:]^T``.
+    is None), as ``torch.func.jacrev`` of ``model(X)`` gives it: ``J(X)[:N1] J(X)[N1:]^T``; an
+    entry then changes with the other examples in the call, so it warns
+    (:class:`~ntbridge.errors.BatchStatisticsWarning`, naming the modules): call ``model.eval()``
+    for the kernel of each pair of examples.
 
     Any model whose forward takes one tensor and returns one works: models the layer registry does
     not cover (attention, recurrent layers, embeddings, custom forwards) are exported with
