@@ -110,7 +110,8 @@ def validate(x1: torch.Tensor, x2: torch.Tensor | None, indices: bool = False,
     n1, n2 = names
     dtype = _input_dtype(x1, n1, indices)
     if x2 is not None and isinstance(x2, torch.Tensor) and x2.device != x1.device:
-        raise InputError(f"{n1} is on {x1.device} and {n2} on {x2.device}; move them to one device.")
+        raise InputError(f"{n1} is on {x1.device} and {n2} on {x2.device}; move them to one "
+                         f"device.")
     for name, x in ((n1, x1), (n2, x2)):
         if x is None:
             continue
