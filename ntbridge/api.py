@@ -22,12 +22,12 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
-from .converters.families import examples_interact
+from .converters.families import batch_statistics
 from .converters.registry import ATTENTION_POINTS, StdOption
 from .dlpack import model_dtype, precision, to_jax
 from .empirical import Moments, running, sample_counts
 from .empirical.reinit import check_resettable, reinitialise
-from .errors import InputError
+from .errors import BatchStatisticsWarning, InputError, UnsupportedLayerError, warn
 from .pipeline import Prepared, Request, execute, prepare, run
 from .results import Kernels
 from .specs import Analytic, EmpiricalNNGP, EmpiricalNTK, MonteCarlo
@@ -120,13 +120,21 @@ def expectation_error(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | Non
 
 def _empirical_batching(model: nn.Module, options: dict) -> tuple[Batching, bool]:
     """The batching of an empirical kernel, and whether the model's examples interact (then in
-    one tile)."""
-    batching, interact = Batching(**options), examples_interact(model)
+    one tile, with a :class:`~ntbridge.errors.BatchStatisticsWarning` naming the modules)."""
+    batching, modules = Batching(**options), batch_statistics(model)
+    interact = bool(modules)
     if interact:
         if batching.batch_size or batching.device_count not in (-1, 1):
             raise InputError("the model's examples interact (BatchNorm using batch statistics), "
                              "so its kernel cannot be tiled; drop batch_size and device_count, "
                              "or put the model in eval mode (model.eval()).")
+        warn(BatchStatisticsWarning(
+            f"{', '.join(modules)} normalises with the batch's own statistics, so this empirical "
+            f"kernel is that of the joint batch cat(x1, x2): an entry depends on which other "
+            f"examples are in the call, not on its pair alone. Call model.eval() for the kernel "
+            f"of each pair (running statistics), or, if the joint batch is what you want, "
+            f"silence this warning: warnings.simplefilter('ignore', "
+            f"ntbridge.errors.BatchStatisticsWarning)."))
         batching = Batching(0, 1, batching.store_on_device, batching.progress, batching.out)
     return batching, interact
 
@@ -144,7 +152,10 @@ def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = 
 
     Models with BatchNorm using batch statistics (train mode): an example's output depends on the
     whole batch, so the kernel is that of the joint batch ``X = cat(x1, x2)`` (``x1`` alone when x2
-    is None), as ``torch.func.jacrev`` of ``model(X)`` gives it: ``J(X)[:N1] J(X)[N1:]^T``.
+    is None), as ``torch.func.jacrev`` of ``model(X)`` gives it: ``J(X)[:N1] J(X)[N1:]^T``; an
+    entry then changes with the other examples in the call, so it warns
+    (:class:`~ntbridge.errors.BatchStatisticsWarning`, naming the modules): call ``model.eval()``
+    for the kernel of each pair of examples.
 
     Any model whose forward takes one tensor and returns one works: models the layer registry does
     not cover (attention, recurrent layers, embeddings, custom forwards) are exported with
@@ -208,6 +219,11 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
     Parameters are drawn by the converter's ``init_fn`` from the init in use (``init="torch"``:
     torch's default uniform init; explicit ``W_std``/``b_std``: Gaussian), so the model's own
     weights do not matter. Works for layers without a closed form (MaxPool, BatchNorm, ...).
+    BatchNorm in eval mode is, in every sample, a fresh module: weight 1, bias 0, running mean 0
+    and variance 1 (as ``reset_parameters()`` leaves it), not the model's trained statistics; the
+    NTK counts its weight and bias, not its buffers. BatchNorm using batch statistics (training
+    mode, or ``track_running_stats=False``) is refused (UnsupportedLayerError): a sample's kernel
+    would depend on which other examples are in the call; call ``model.eval()``.
     A model without a converter (see :func:`empirical_ntk`) is re-initialised torch-side by its
     modules' own ``reset_parameters()``, sample ``s`` under a seed derived from ``(seed, s)`` (see
     ``ntbridge.empirical.reinit``; ``init``/``W_std``/``b_std`` do not apply), one kernel per sample;
@@ -227,6 +243,13 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
         >>> est.mean.shape, est.standard_error.shape
         (torch.Size([8, 8]), torch.Size([8, 8]))
     """
+    if modules := batch_statistics(model):
+        raise UnsupportedLayerError(
+            f"{', '.join(modules)} normalises with the batch's own statistics, so a sample's "
+            f"kernel would depend on which other examples are in the call; monte_carlo estimates "
+            f"the kernel of each pair of examples. Call model.eval() (BatchNorm with running "
+            f"statistics, track_running_stats=True): each sample's BatchNorm then normalises with "
+            f"a fresh module's running statistics, mean 0 and variance 1.")
     counts = sample_counts(n_samples)
     spec = MonteCarlo(get, seed, 0, counts[0], trace_axes, diagonal_axes)
     batching = Batching(batch_size, device_count, store_on_device, progress)

@@ -71,6 +71,17 @@ def check_device(t: torch.Tensor, name: str) -> None:
                      f"JAX's CUDA plugin: pip install 'ntbridge[cuda]'.")
 
 
+def check_has_data(tensors: dict[str, torch.Tensor]) -> None:
+    """InputError naming the first of a model's tensors (by qualified name) that holds no data:
+    one on the ``meta`` device."""
+    for name, t in tensors.items():
+        if t.is_meta:
+            raise InputError(f"the model's {name} is on the meta device, which holds no data to "
+                             f"compute with; materialize the model first: "
+                             f"model.to_empty(device='cpu'), then load or initialise its weights "
+                             f"(e.g. model.load_state_dict(state)).")
+
+
 def to_jax(t: torch.Tensor, name: str = "tensor") -> jax.Array:
     """A JAX array over the memory of ``t`` (zero-copy when ``t`` is contiguous and aligned).
 

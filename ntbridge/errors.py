@@ -147,6 +147,12 @@ class AccuracyWarning(UserWarning):
     features for its ``rtol``); the message gives the expected error and how to reach the target."""
 
 
+class BatchStatisticsWarning(UserWarning):
+    """A module normalises with its batch's own statistics (BatchNorm in training mode), so an
+    empirical kernel is that of the joint batch ``cat(x1, x2)``: an entry depends on the other
+    examples in the call, not on its pair alone. ``model.eval()`` gives the kernel of each pair."""
+
+
 class LearningRateWarning(UserWarning):
     """A learning rate beyond the stability limit of discrete gradient descent
     (``ntbridge.predict.max_learning_rate``): the steps diverge."""

@@ -19,6 +19,7 @@ from torch import nn
 
 from .api import kernel
 from .errors import InputError, ShapeError
+from .pipeline import validate
 from .results import Kernels
 
 
@@ -39,7 +40,8 @@ def nystrom_features(model: nn.Module, x: torch.Tensor, landmarks: torch.Tensor,
 
     Args:
       model: any model :func:`ntbridge.kernel` takes analytically.
-      x: ``(N, *input_shape)``; ``phi`` takes the kernels' dtype and x's device.
+      x: ``(N, *input_shape)``, finite; ``phi`` takes the kernels' dtype (float64 for float64
+        inputs, else float32) and x's device.
       landmarks: ``(M, *input_shape)``, e.g. ``x_train[torch.randperm(len(x_train))[:2048]]``.
         Compute train and test features with the same landmarks: they then belong to one kernel.
       get: ``"nngp"``, ``"ntk"``, or a tuple of both (then a :class:`~ntbridge.Kernels` record).
@@ -56,13 +58,7 @@ def nystrom_features(model: nn.Module, x: torch.Tensor, landmarks: torch.Tensor,
         >>> phi_test = ntbridge.nystrom_features(model, x_test, landmarks)
     """
     names = (get,) if isinstance(get, str) else tuple(get)  # checked by ntbridge.kernel
-    for name, a in (("x", x), ("landmarks", landmarks)):
-        if not isinstance(a, torch.Tensor):
-            raise InputError(f"{name} must be a torch tensor of examples (N, *input_shape).")
-    if landmarks.shape[1:] != x.shape[1:]:
-        raise ShapeError(f"landmarks of shape {tuple(landmarks.shape)} and x of shape "
-                         f"{tuple(x.shape)} differ beyond the first axis; draw the landmarks "
-                         f"from inputs like x.")
+    validate(x, landmarks, names=("x", "landmarks"))  # named as the user knows them
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise InputError(f"chunk_size must be a positive integer, got {chunk_size!r}.")
     k_ll = kernel(model, landmarks, get=names, **kernel_options)

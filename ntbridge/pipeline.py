@@ -5,9 +5,10 @@ analysis, the command line) builds a :class:`Request`, whose spec (:mod:`ntbridg
 what to compute, and calls :func:`run`:
 
 1. :func:`prepare`: validate the inputs (torch tensors: dtype, shape, device, finiteness), fix the
-   precision, convert the model to a :class:`~ntbridge.Graph` and check that the inputs fit it; an
-   empirical spec takes the translated ``torch.export`` graph of a model the layer registry does
-   not cover (:mod:`ntbridge.converters.translated`); integer inputs (token ids) go to empirical
+   precision, convert the model to a :class:`~ntbridge.Graph` (its tensors holding data: none on
+   the ``meta`` device) and check that the inputs fit it; an empirical spec takes the translated
+   ``torch.export`` graph of a model the layer registry does not cover
+   (:mod:`ntbridge.converters.translated`); integer inputs (token ids) go to empirical
    kernels, and to analytic ones of models reading them with an ``nn.Embedding``; a graph model's
    inputs, pairs ``(x, adjacency)``, are packed into one tensor
    (:func:`ntbridge.converters.graph_ops.pack`) that the converted model reads;
@@ -37,7 +38,8 @@ from .converters.attention import check_ids
 from .converters.graph_ops import pack
 from .converters.translated import TranslatedGraph, empirical_graph
 from .devices import platform_of
-from .dlpack import abstract, all_finite, check_device, kernel_dtype, model_dtype, precision
+from .dlpack import (abstract, all_finite, check_device, check_has_data, kernel_dtype, model_dtype,
+                     precision)
 from .empirical import nngp_task, ntk_task, sample_task
 from .errors import InputError, InputTypeError, ShapeError
 from .specs import Analytic, EmpiricalNNGP, EmpiricalNTK, MonteCarlo, Spec
@@ -100,18 +102,21 @@ def _input_dtype(x: torch.Tensor, name: str, indices: bool) -> torch.dtype:
     return kernel_dtype(x, name)
 
 
-def validate(x1: torch.Tensor, x2: torch.Tensor | None,
-             indices: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def validate(x1: torch.Tensor, x2: torch.Tensor | None, indices: bool = False,
+             names: tuple[str, str] = ("x1", "x2")) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x1 and x2 checked and detached, in the kernel's dtype (float32 or float64; x2 in x1's);
-    with ``indices``, integer inputs are kept as they are (x1 and x2 both integer)."""
-    dtype = _input_dtype(x1, "x1", indices)
+    with ``indices``, integer inputs are kept as they are (x1 and x2 both integer). ``names``: how
+    messages call them (e.g. ``("x", "landmarks")``)."""
+    n1, n2 = names
+    dtype = _input_dtype(x1, n1, indices)
     if x2 is not None and isinstance(x2, torch.Tensor) and x2.device != x1.device:
-        raise InputError(f"x1 is on {x1.device} and x2 on {x2.device}; move them to one device.")
-    for name, x in (("x1", x1), ("x2", x2)):
+        raise InputError(f"{n1} is on {x1.device} and {n2} on {x2.device}; move them to one "
+                         f"device.")
+    for name, x in ((n1, x1), (n2, x2)):
         if x is None:
             continue
         if _input_dtype(x, name, indices).is_floating_point != dtype.is_floating_point:
-            raise InputTypeError(f"x1 has dtype {x1.dtype} and x2 {x2.dtype}: pass both as "
+            raise InputTypeError(f"{n1} has dtype {x1.dtype} and {n2} {x2.dtype}: pass both as "
                                  f"token ids (integers) or both as floating-point inputs.")
         check_device(x, name)
         if x.ndim < 2:
@@ -133,8 +138,8 @@ def validate(x1: torch.Tensor, x2: torch.Tensor | None,
             hint = (" If these are sequences of different lengths, pad them to one length and "
                     "mask the padding in the model (key_padding_mask=(ids == pad_id)), or "
                     "compute each length apart." if lengths else "")
-            raise ShapeError(f"x1 and x2 must have the same shape per example, got x1 "
-                             f"{tuple(x1.shape)} and x2 {tuple(x2.shape)}.{hint}")
+            raise ShapeError(f"{n1} and {n2} must have the same shape per example, got {n1} "
+                             f"{tuple(x1.shape)} and {n2} {tuple(x2.shape)}.{hint}")
         x2 = x2.detach().to(dtype)
     return x1.detach().to(dtype), x2
 
@@ -193,6 +198,7 @@ def prepare(request: Request) -> Prepared:
     x1, x2 = validate(request.x1, request.x2, indices=True)
     with _precision(request, x1):
         graph = model_graph(request, x1, pairs)
+        check_has_data(graph.tensors)
         check_graph_inputs(graph, pairs)
         check_fits(graph, x1, x2)
         if not x1.is_floating_point():

@@ -13,9 +13,10 @@ program's key, ntbridge's source, the compiler options, the JAX version and the 
 process that needs the same program loads it instead of tracing, lowering and compiling it. A key
 that names something by identity (a user's module or function, whose repr may not say what it
 computes) cannot name it in another process: such programs are stored under a hash of the lowered
-program instead (so they are lowered, but not compiled, again). ``NTBRIDGE_CACHE_DIR=path`` moves
-the directory; ``NTBRIDGE_CACHE_DIR=off`` turns the disk cache off. Only ntbridge's own programs go
-there: JAX's configuration (including its own compilation cache) is not touched.
+program and its arguments' tree structure instead (so they are lowered, but not compiled,
+again). ``NTBRIDGE_CACHE_DIR=path`` moves the directory; ``NTBRIDGE_CACHE_DIR=off`` turns the disk
+cache off. Only ntbridge's own programs go there: JAX's configuration (including its own
+compilation cache) is not touched.
 
 Entries are written to a temporary file and renamed into place, so concurrent processes sharing the
 directory never read a partial entry; an entry that cannot be read is ignored and rewritten; a
@@ -242,9 +243,9 @@ def compile(key: ProgramKey, lower: Callable[[], jax.stages.Lowered],
     platform = devices[0].platform
     options = compiler_options(platform, kind)
     name, lowered = _text((key.purpose, key.computation, key.arguments, key.x64, key.devices)), None
-    if name is None:  # the key holds an object known by identity: the program's text names it
-        lowered = lower()
-        name = lowered.as_text()
+    if name is None:  # the key holds an object known by identity: the program's text names it,
+        lowered = lower()  # with its arguments' tree (an unused argument leaves no trace in it)
+        name = f"{key.arguments!r}\n{lowered.as_text()}"
     path = _entry_path(name, options, devices)
     compiled = None if path is None else _load(path, devices)
     if compiled is not None:

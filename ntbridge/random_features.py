@@ -46,7 +46,9 @@ from .converters.families import AVG_POOLS, DROPOUTS
 from .converters.graph import Node
 from .converters.indexing import Reduce
 from .converters.registry import as_float
+from .dlpack import check_has_data
 from .errors import AccuracyWarning, InputError, ShapeError, UnsupportedLayerError, warn
+from .pipeline import validate
 from .results import Kernels
 from .specs import KERNEL_NAMES
 from .stax import INPUT
@@ -219,7 +221,8 @@ def features(model: nn.Module, x: torch.Tensor, n_features: int, *,
       model: Linear, Conv1d/2d/3d, elementwise activations, average pooling, Flatten, means over
         positions and residual sums (see the module doc); it should end in a Linear (or a map of
         positions to ``(N, F)``): ``phi`` has one column per random channel of the last layer.
-      x: ``(N, *input_shape)``, float32 or float64 (``phi`` takes its dtype and device).
+      x: ``(N, *input_shape)``, finite, floating (``phi`` takes its device and dtype: float64 for
+        float64 inputs, else float32, as the kernels).
       n_features: F, the width of the random layers and the number of columns of ``phi``.
       get: ``"nngp"``, ``"ntk"``, or a tuple of both (then a :class:`~ntbridge.Kernels` record).
       seed: the random weights' seed; features of different inputs computed with the same seed
@@ -240,11 +243,11 @@ def features(model: nn.Module, x: torch.Tensor, n_features: int, *,
         raise InputError(f"get must be 'nngp', 'ntk' or a tuple of them, got {get!r}.")
     if not isinstance(n_features, int) or isinstance(n_features, bool) or n_features < 1:
         raise InputError(f"n_features must be a positive integer, got {n_features!r}.")
-    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.float64):
-        raise InputError("x must be a float32 or float64 torch tensor.")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    x, _ = validate(x, None, names=("x", "x2"))
     graph = convert(model, parameterization=parameterization, **convert_options)
+    check_has_data(graph.tensors)
     weight = next(model.parameters(), x)  # only x's shape is checked, on the model's device and dtype
     try:
         with torch.no_grad():

@@ -154,8 +154,9 @@ ROWS = {
                               r"x1 is on meta, but JAX has no backend for it.*x1.cpu\(\)"),
     "x1-x2-on-different-devices": ("all", lambda f, m: f(m, X, X.to("meta")), errors.InputError,
                                    r"x1 is on cpu and x2 on meta"),
-    "model-on-other-device": (lambda: mlp().to("meta"), lambda m, p: ntbridge.empirical_ntk(m, X),
-                              errors.InputError, r"0.weight is on meta, but JAX has no backend"),
+    "model-on-meta-device": ("all", lambda f, m: f(mlp().to("meta"), X), errors.InputError,
+                             r"the model's 0.weight is on the meta device, which holds no data.*"
+                             r"model.to_empty\(device='cpu'\)"),
     "model-dtype-mismatch": (lambda: mlp().double(), lambda m, p: ntbridge.empirical_ntk(m, X),
                              errors.InputTypeError, r"parameters are float64 but x1 is torch.float32"),
     "train-mode-dropout": (lambda: nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5)).train(),
@@ -252,6 +253,37 @@ def test_row(name, make, call, exc, message, entry, tmp_path, monkeypatch):
             call(ENTRY_POINTS[entry], model)
     assert isinstance(info.value, errors.NtbridgeError)
     assert_unchanged(before, snapshot(model, tmp_path))
+
+
+# ntbridge.features and ntbridge.nystrom_features, called as f(model, x).
+FEATURE_MAPS = {
+    "features": lambda m, x: ntbridge.features(m, x, 8),
+    "nystrom_features": lambda m, x: ntbridge.nystrom_features(m, x, x),  # x as landmarks
+}
+
+
+@pytest.mark.parametrize("name", ["not-a-tensor", "integer-input", "complex-input", "nan-input",
+                                  "unbatched-input", "empty-batch", "zero-size-examples",
+                                  "input-on-other-device", "model-on-meta-device"])
+@pytest.mark.parametrize("entry", FEATURE_MAPS)
+def test_feature_maps_refuse_as_the_kernels_do(entry, name, tmp_path):
+    """The rows of one input, for the feature maps: the same refusal, naming their argument x."""
+    _, call, exc, message = ROWS[name]
+    model = mlp()
+    before = snapshot(model, tmp_path)
+    with pytest.raises(exc, match=message.replace("x1", "x")) as info:
+        call(FEATURE_MAPS[entry], model)
+    assert isinstance(info.value, errors.NtbridgeError)
+    assert_unchanged(before, snapshot(model, tmp_path))
+
+
+@pytest.mark.parametrize("entry", FEATURE_MAPS)
+def test_feature_maps_take_half_precision_as_the_kernels_do(entry):
+    """float16 inputs: computed and returned in float32, as by every kernel function."""
+    x = X.half()
+    phi = FEATURE_MAPS[entry](mlp(), x)
+    assert phi.dtype == torch.float32 and ntbridge.ntk(mlp(), x).dtype == torch.float32
+    torch.testing.assert_close(phi, FEATURE_MAPS[entry](mlp(), x.float()), rtol=0, atol=0)
 
 
 def test_state_is_intact_after_refusals():

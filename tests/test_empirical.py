@@ -1,6 +1,8 @@
 """The empirical NTK/NNGP equal plain torch.func references on the same weights, for every
 strategy; per-layer contributions; auto's choice; examples that interact; bad input."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -11,7 +13,7 @@ import ntbridge
 from ntbridge import stax
 from ntbridge.empirical import STRATEGIES, StrategyInfo, empirical_ntk_fn
 from ntbridge.empirical.structured import affine_tail
-from ntbridge.errors import InputError, InputTypeError
+from ntbridge.errors import BatchStatisticsWarning, InputError, InputTypeError
 
 from reference import full_ntk
 
@@ -258,6 +260,26 @@ def test_batch_statistics_use_the_joint_batch():
             ntbridge.empirical_ntk(model, x1, x2, implementation=impl)
     f = model(torch.cat([x1, x2])).detach()
     assert rel_error(ntbridge.empirical_nngp(model, x1, x2), f[:5] @ f[5:].T / 2) <= 1e-10
+
+
+def test_batch_statistics_warn_naming_the_module():
+    """Training-mode BatchNorm: a block of the kernel changes with the other examples of the call,
+    so both empirical kernels warn at the caller's line, naming the module and the remedy."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2)).double()
+    x1, x2 = torch.randn(5, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    message = (r"module '1' \(BatchNorm1d\) in training mode normalises with the batch's own "
+               r"statistics, so this empirical kernel is that of the joint batch cat\(x1, x2\).*"
+               r"Call model.eval\(\)")
+    for fn in (ntbridge.empirical_ntk, ntbridge.empirical_nngp):
+        with pytest.warns(BatchStatisticsWarning, match=message) as record:
+            whole = fn(model, x1, x2)
+        assert record[0].filename == __file__
+        with pytest.warns(BatchStatisticsWarning):
+            part = fn(model, x1, x2[:2])
+        assert rel_error(part, whole[:, :2]) > 1e-3  # the same pairs, another batch
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ntbridge.empirical_ntk(model.eval(), x1, x2)
 
 
 def test_empirical_nngp_and_symmetry():

@@ -124,5 +124,5 @@ def test_bad_input_is_refused():
             ntbridge.features(mlp, x, bad)
     with pytest.raises(InputError, match="get"):
         ntbridge.features(mlp, x, 8, get="jacobian")
-    with pytest.raises(InputError, match="float32 or float64"):
+    with pytest.raises(InputError, match=r"x has dtype torch.int64.*pass x.float\(\)"):
         ntbridge.features(mlp, x.long(), 8)

@@ -224,6 +224,21 @@ def test_corrupt_entries_are_ignored_and_rewritten(tmp_path, monkeypatch):
     assert all(p.read_bytes() != b"garbage" for p in entries)
 
 
+def test_programs_differing_in_unused_arguments_do_not_share_a_disk_entry(tmp_path, monkeypatch):
+    """Training-mode BatchNorm ignores its running statistics, so its program lowers to the same
+    text as that of a BatchNorm without them; the arguments' trees differ, and so do the entries."""
+    monkeypatch.setenv("NTBRIDGE_CACHE_DIR", str(tmp_path))
+    programs.clear()
+    without = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, track_running_stats=False)).eval()
+    train = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    train.load_state_dict(without.state_dict(), strict=False)
+    x = torch.randn(5, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", errors.BatchStatisticsWarning)
+        first = ntbridge.empirical_nngp(without, x)
+        torch.testing.assert_close(ntbridge.empirical_nngp(train, x), first, rtol=0, atol=0)
+
+
 def test_cache_can_be_turned_off(tmp_path, monkeypatch):
     monkeypatch.setenv("NTBRIDGE_CACHE_DIR", "off")
     assert programs.cache_dir() is None

@@ -51,8 +51,9 @@ def _channel_moments(module: nn.BatchNorm1d) -> stax.ChannelMoments:
 @register(nn.BatchNorm3d)
 @register(nn.SyncBatchNorm)
 def _batch_norm(module: nn.BatchNorm1d, ctx: Context) -> stax.Layer:
+    tensors = tuple(name for name, _ in (*module.named_parameters(), *module.named_buffers()))
     if module.training or module.running_mean is None:  # batch statistics
-        return stax.BatchNorm(module.eps, None)
+        return stax.BatchNorm(module.eps, None, tensors)
     moments = _channel_moments(module)
     ctx.hyper.update(moments._asdict())  # the kernel depends on the buffers: the signature has them
-    return stax.BatchNorm(module.eps, moments)
+    return stax.BatchNorm(module.eps, moments, tensors)

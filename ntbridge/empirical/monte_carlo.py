@@ -4,6 +4,8 @@ Sample ``s`` draws parameters with ``graph.init_fn(fold_in(key(seed), s), ...)``
 torch's for ``init="torch"``) and evaluates the empirical NTK or NNGP; the running mean and sum of
 squared deviations are accumulated with Welford's update inside one program (:func:`sample_task`),
 so any layer with an exact forward works, closed form or not (MaxPool, BatchNorm in eval mode...).
+The NTK differentiates the drawn parameters, not the buffers (BatchNorm's running statistics, as
+a fresh module holds them).
 :func:`running` merges the moments of successive ranges of samples into the estimates a user asks
 for, whichever way each range was drawn.
 """
@@ -25,6 +27,7 @@ from .axes import Axes
 from .choose import empirical_ntk_fn
 from .model import Initialisable
 from .nngp import empirical_nngp_fn
+from .tasks import trainable
 
 
 class Moments(NamedTuple):
@@ -87,9 +90,13 @@ def sample_task(spec: MonteCarlo, graph: Initialisable, x1: jax.ShapeDtypeStruct
     a task for :func:`ntbridge.tiling.compute` (the first sample is its argument: other ranges of
     the same length reuse the program)."""
     axes = Axes.of(len(graph.output_shape(x1.shape)), spec.trace_axes, spec.diagonal_axes)
-    empirical = (empirical_ntk_fn if spec.get == "ntk" else empirical_nngp_fn)(graph.apply_fn)
-    kernel = lambda params, x1, x2: empirical(params, x1, x2, trace_axes=axes.trace,
-                                              diagonal_axes=axes.diagonal)
+    ntk, nngp = empirical_ntk_fn(graph.apply_fn), empirical_nngp_fn(graph.apply_fn)
+
+    def kernel(drawn, x1, x2):  # the NTK differentiates the parameters only, not the buffers
+        if spec.get == "nngp":
+            return nngp(drawn, x1, x2, trace_axes=axes.trace, diagonal_axes=axes.diagonal)
+        params, state = trainable(graph, drawn)
+        return ntk(params, x1, x2, trace_axes=axes.trace, diagonal_axes=axes.diagonal, state=state)
 
     def fn(first, x1, x2):
         def step(carry, s):

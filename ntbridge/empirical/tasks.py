@@ -18,17 +18,18 @@ from .model import ModelGraph
 from .nngp import outputs_product
 
 
-def _trainable(graph: ModelGraph) -> tuple[dict, dict]:
-    """``(params, state)``: the graph's arrays that are torch parameters, and the others (buffers)."""
-    names = graph.parameter_names
-    return ({k: v for k, v in graph.params.items() if k in names},
-            {k: v for k, v in graph.params.items() if k not in names})
+def trainable(graph: ModelGraph, arrays: dict | None = None) -> tuple[dict, dict]:
+    """``(params, state)``: the arrays (default: the graph's own ``params``; e.g. a fresh draw of
+    them) that are torch parameters, and the others (buffers)."""
+    names, arrays = graph.parameter_names, graph.params if arrays is None else arrays
+    return ({k: v for k, v in arrays.items() if k in names},
+            {k: v for k, v in arrays.items() if k not in names})
 
 
 def ntk_task(spec: EmpiricalNTK, graph: ModelGraph, x1: jax.ShapeDtypeStruct,
              x2: jax.ShapeDtypeStruct | None, platform: str) -> tuple[Task, StrategyInfo]:
     """The empirical NTK of ``graph`` at its parameters, for inputs like x1 and x2."""
-    params, state = _trainable(graph)
+    params, state = trainable(graph)
     if not params:
         raise InputError("the model has no parameters, so its empirical NTK is undefined; "
                          "use ntbridge.empirical_nngp, or the analytic ntbridge.ntk.")

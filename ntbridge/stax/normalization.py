@@ -147,14 +147,24 @@ def _batch_statistics_refused(k: Kernel) -> Kernel:
         "statistics: an exact rule), or use ntbridge.empirical_ntk / ntbridge.monte_carlo.")
 
 
-def BatchNorm(eps: float, moments: ChannelMoments | None) -> Layer:
+def _fresh(name: str, channels: int) -> jax.Array:
+    """torch's value of BatchNorm's tensor ``name`` in a fresh module (``reset_parameters``):
+    ``weight`` and ``running_var`` ones, ``bias`` and ``running_mean`` zeros, no batch tracked."""
+    if name == "num_batches_tracked":
+        return jnp.zeros((), int)
+    return (jnp.ones if name in ("weight", "running_var") else jnp.zeros)((channels,))
+
+
+def BatchNorm(eps: float, moments: ChannelMoments | None, tensors: tuple[str, ...] = ()) -> Layer:
     """torch's ``nn.BatchNormNd`` on ``(N, C, *S)``, normalising each channel.
 
     ``moments=None``: normalise with the batch's own mean and (biased) variance, as torch does in
     training mode or without running stats (examples then interact: no kernel rule). Otherwise
     eval mode, with the ``running_mean``/``running_var`` params and the channel means of the
     resulting constants (:class:`ChannelMoments`). Params: those two (when used) and the optional
-    affine ``weight``/``bias``, each ``(C,)``.
+    affine ``weight``/``bias``, each ``(C,)``. ``tensors``: the module's parameters and buffers by
+    name, which ``init_fn`` draws as a fresh torch module holds them (:func:`_fresh`; Monte-Carlo
+    samples of a fresh model).
 
     Kernel in eval mode: each channel is the fixed affine map ``y_c = a_c x_c + d_c`` of a
     zero-mean Gaussian input channel ``x_c`` independent of the constants, and a kernel is the
@@ -187,4 +197,7 @@ def BatchNorm(eps: float, moments: ChannelMoments | None) -> Layer:
         return y + params["bias"].reshape(shape) if "bias" in params else y
 
     kernel_fn = _batch_statistics_refused if moments is None else _eval_rule(moments)
-    return channels_first(Layer(lambda key, shape: (tuple(shape), {}), apply_fn, kernel_fn))
+    def init_fn(key, input_shape):
+        return tuple(input_shape), {name: _fresh(name, input_shape[1]) for name in tensors}
+
+    return channels_first(Layer(init_fn, apply_fn, kernel_fn))
