@@ -387,16 +387,6 @@ def test_per_token_layers_without_attention_act_on_each_token():
     torch.testing.assert_close(ntbridge.nngp(flat, x, y),
                                ntbridge.nngp(per_token, x, y).mean(-1), rtol=1e-13, atol=0)
 
-    class MeanHead(nn.Module):  # x.mean(1) needs token pairs these kernels do not keep
-        def __init__(self):
-            super().__init__()
-            self.mlp = mlp
-
-        def forward(self, x):
-            return self.mlp(x).mean(1)
-
-    with pytest.raises(errors.UnsupportedLayerError, match=r"flatten the tokens \(x.flatten"):
-        ntbridge.ntk(MeanHead(), x)
     with pytest.raises(errors.UnsupportedLayerError, match=r"when it takes the model's input"):
         ntbridge.ntk(nn.Sequential(nn.Dropout(0.1), mlp).eval(), x)  # read channels first
 
@@ -708,3 +698,47 @@ def test_a_second_process_runs_the_attention_program_from_disk(tmp_path):
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
     assert torch.equal(torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt"))
+
+
+class TokenMeanHead(nn.Module):
+    """``head(relu(l1(x)).mean(1))`` (or ``.sum(1)``) on sequences ``(N, T, d)``."""
+
+    def __init__(self, d: int, width: int, reduce: str):
+        super().__init__()
+        self.l1, self.head, self.reduce = nn.Linear(d, width), nn.Linear(width, 1), reduce
+
+    def forward(self, x):
+        return self.head(getattr(torch.relu(self.l1(x)), self.reduce)(1))
+
+
+def _relu_mean_head_kernels(x1, x2, width, W, b, scale):
+    """NNGP and NTK of :class:`TokenMeanHead` (torch's parameterization, every ``W_std = W`` and
+    ``b_std = b``), in float64 numpy: the per-token-pair ReLU kernel of the first layer's
+    outputs (the arc-cosine formula), averaged over token pairs (times ``scale``: T**2 for a sum),
+    then the head's affine map."""
+    x1, x2 = x1.numpy(), x2.numpy()
+    d = x1.shape[-1]
+    dot = lambda a, c: np.einsum("atd,bsd->abts", a, c) / d  # (N1, N2, T1, T2)
+    k0, q1, q2 = dot(x1, x2), np.einsum("atd,atd->at", x1, x1) / d, np.einsum("btd,btd->bt", x2, x2) / d
+    k1 = W ** 2 * k0 + b ** 2
+    v1, v2 = W ** 2 * q1 + b ** 2, W ** 2 * q2 + b ** 2
+    norms = np.sqrt(v1[:, None, :, None] * v2[None, :, None, :])
+    theta = np.arccos(np.clip(k1 / norms, -1, 1))
+    relu = norms * (np.sin(theta) + (np.pi - theta) * np.cos(theta)) / (2 * np.pi)
+    relu_dot = (np.pi - theta) / (2 * np.pi)
+    ntk1 = d * k0 + 1  # the first layer's weights and bias
+    k2, t2 = scale * relu.mean((2, 3)), scale * (relu_dot * ntk1).mean((2, 3))
+    return W ** 2 * k2 + b ** 2, width * k2 + 1 + W ** 2 * t2
+
+
+@pytest.mark.parametrize("reduce, scale", [("mean", 1), ("sum", 16)])
+def test_per_token_layers_then_a_mean_over_tokens(reduce, scale):
+    """A mean (or sum) over tokens ahead makes the per-token layers before it keep every pair of
+    tokens: the kernel of Dense-ReLU-mean is the mean over token pairs of the pair's ReLU kernel."""
+    torch.manual_seed(0)
+    model = TokenMeanHead(3, 16, reduce).double()
+    x1, x2 = torch.randn(4, 4, 3, dtype=torch.float64), torch.randn(3, 4, 3, dtype=torch.float64)
+    got = ntbridge.kernel(model, x1, x2, W_std=1.3, b_std=0.4)
+    nngp, ntk = _relu_mean_head_kernels(x1, x2, 16, 1.3, 0.4, scale)
+    np.testing.assert_allclose(got.nngp.numpy(), nngp, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(got.ntk.numpy(), ntk, rtol=1e-12, atol=0)

@@ -64,7 +64,7 @@ LINEAR = {  # name: (fn of the conv outputs (N, 4, 4, 5), branches, needs the fu
     "select": (lambda h: h.select(2, -1), 1, False),
     "mean(-1)": (lambda h: h.mean(-1), 1, True),
     "sum((2, 3), keepdim)": (lambda h: h.sum((2, 3), keepdim=True), 1, True),
-    "mean(1) (channels)": (lambda h: h.mean(1), 1, False),
+    "mean(1) (channels)": (lambda h: h.mean(1), 1, True),  # as x.mean(1) over tokens declares
     "torch.sum(1, keepdim)": (lambda h: torch.sum(h, 1, keepdim=True), 1, False),
     "mean((1, 2, 3), keepdim)": (lambda h: h.mean((1, 2, 3), keepdim=True), 1, True),
     "unsqueeze(2)": (lambda h: h.unsqueeze(2), 1, False),

@@ -130,9 +130,10 @@ def test_keys_are_derived_from_precision_shapes_and_devices():
 
 
 def test_disk_entries_are_named_by_value_unless_a_key_holds_an_object(monkeypatch):
-    """Keys of plain values name their entries alike in every process (sets in any order); a
-    user's module or converter makes the signature name it by identity, so its programs are named
-    by their lowered text."""
+    """Keys of plain values name their entries alike in every process (sets in any order). A
+    graph's signature describes its layers by value (a user's subclass of a module converts to
+    ntbridge's own layer); a layer over a user's function names it by identity, so its programs
+    are named by their lowered text."""
     text = programs._text
     assert text(("tiles", (1, 2.5, None, "a"), frozenset({"x", "y"}))) == text(
         ("tiles", (1, 2.5, None, "a"), frozenset({"y", "x"})))
@@ -144,9 +145,13 @@ def test_disk_entries_are_named_by_value_unless_a_key_holds_an_object(monkeypatc
     class MyReLU(nn.ReLU):
         pass
 
-    assert text(ntbridge.convert(nn.Sequential(nn.Linear(3, 8), MyReLU())).signature) is None
+    mine = ntbridge.convert(nn.Sequential(nn.Linear(3, 8), MyReLU()))
+    assert mine.signature == ntbridge.convert(model[:2]).signature
     monkeypatch.setitem(ntbridge.converters.registry.CONVERTERS, nn.ReLU,
                         lambda module, ctx: ntbridge.stax.Relu())
+    assert text(ntbridge.convert(model).signature) is not None
+    monkeypatch.setitem(ntbridge.converters.registry.CONVERTERS, nn.ReLU,
+                        lambda module, ctx: ntbridge.stax.Numerical(lambda x: x * (x > 0), "mine"))
     assert text(ntbridge.convert(model).signature) is None
 
 

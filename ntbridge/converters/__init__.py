@@ -15,6 +15,7 @@ from torch import nn
 
 from ..dlpack import model_dtype
 from ..errors import InputError, InputTypeError
+from ..stax.description import describe
 from . import (activations, attention, conv, graph_ops, indexing, linear,  # noqa: F401
                normalization, pooling, products, resize, sequence, structure)  # (converters)
 from .fx import fx_nodes
@@ -49,14 +50,6 @@ def _check_uniform(model: nn.Module) -> None:
         found = ", ".join(f"'{name}' is {dtype} on {device}" for (dtype, device), name in kinds.items())
         raise InputError(f"the model's parameters have several dtypes/devices ({found}); move them "
                          f"to one, e.g. model.to(torch.float32) or model.to('cpu').")
-
-
-def _signature_part(module: nn.Module):
-    """A faithful hashable description of a module's architecture and mode."""
-    if (type(module).__module__.startswith(("torch.nn", __name__))
-            and find_converter(module).__module__.startswith(__name__)):
-        return type(module).__name__, repr(module), module.training
-    return module  # a user's module or converter: its repr may omit what matters, so by identity
 
 
 def convert(model: nn.Module, *, parameterization: str = "standard", init: str = "torch",
@@ -112,9 +105,10 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
 
 
 def _signature(options: Options, nodes: list[Node], values: bool) -> tuple:
-    """What fixes the converted model (see :class:`Graph`), with or without the ``values`` of its
-    layers' declared hyper-parameters."""
+    """What fixes the converted model (see :class:`Graph`): each layer's whole description
+    (:func:`~ntbridge.stax.description.describe`, with or without the ``values`` of its declared
+    hyper-parameters), its parameters' names and its inputs."""
     hyper = lambda n: tuple(sorted((k, as_float(v) if isinstance(v, torch.Tensor) else v)
                                    for k, v in n.hyper.items() if values or k not in n.layer.hyper))
     return options.parameterization, options.attention, options.attention_points, tuple(
-        (n.name, _signature_part(n.module), hyper(n), n.inputs) for n in nodes)
+        (n.name, describe(n.layer, values), hyper(n), n.param_names, n.inputs) for n in nodes)

@@ -7,6 +7,7 @@ Each JAX twin below is exactly the function the torch module computes, with its 
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Callable, NamedTuple
 
 import jax
@@ -53,6 +54,18 @@ def _softplus(x, beta: float = 1.0, threshold: float = 20.0):
 
 def _elu(x, alpha: float):
     return jnp.where(x > 0, x, alpha * jnp.expm1(jnp.minimum(x, 0.0)))
+
+
+def _celu(x, alpha: float):
+    return jnp.where(x > 0, x, alpha * jnp.expm1(jnp.minimum(x, 0.0) / alpha))
+
+
+def _softshrink(x, lambd: float):
+    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, 0.0))
+
+
+def _hardshrink(x, lambd: float):
+    return jnp.where(jnp.abs(x) > lambd, x, 0.0)
 
 
 def _relu6(x):
@@ -102,13 +115,13 @@ TWINS = {
     nn.Tanh: lambda m: Twin(jnp.tanh),
     nn.Sigmoid: lambda m: Twin(jax.nn.sigmoid),
     nn.SiLU: lambda m: Twin(jax.nn.silu),
-    nn.ELU: lambda m: Twin(lambda x: _elu(x, m.alpha), pieces=_exponential_below_zero(1.0, m.alpha, 1.0)),
-    nn.CELU: lambda m: Twin(lambda x: jnp.where(x > 0, x, m.alpha * jnp.expm1(jnp.minimum(x, 0.0) / m.alpha)),
+    nn.ELU: lambda m: Twin(partial(_elu, alpha=m.alpha), pieces=_exponential_below_zero(1.0, m.alpha, 1.0)),
+    nn.CELU: lambda m: Twin(partial(_celu, alpha=m.alpha),
                             pieces=_exponential_below_zero(1.0, m.alpha, 1 / m.alpha)),
     nn.SELU: lambda m: Twin(jax.nn.selu, pieces=_exponential_below_zero(_SELU_SCALE, _SELU_ALPHA, 1.0)),
     nn.Softplus: lambda m: _softplus_twin(m.beta, m.threshold),
     nn.Mish: lambda m: Twin(lambda x: x * jnp.tanh(_softplus(x))),  # torch's threshold 20: smooth (see _softplus_twin)
-    nn.Hardtanh: lambda m: Twin(lambda x: jnp.clip(x, m.min_val, m.max_val), pieces=Pieces(
+    nn.Hardtanh: lambda m: Twin(partial(jnp.clip, min=m.min_val, max=m.max_val), pieces=Pieces(
         (m.min_val, m.max_val), (Piece((m.min_val,)), _X, Piece((m.max_val,))))),
     nn.Hardswish: lambda m: Twin(lambda x: x * _relu6(x + 3.0) / 6.0, pieces=Pieces(
         (-3.0, 3.0), (Piece(), Piece((0.0, 0.5, 1 / 6)), _X))),
@@ -117,13 +130,12 @@ TWINS = {
     nn.LogSigmoid: lambda m: Twin(jax.nn.log_sigmoid),
     nn.Softsign: lambda m: Twin(lambda x: x / (1.0 + jnp.abs(x)), (0.0,)),
     nn.Tanhshrink: lambda m: Twin(lambda x: x - jnp.tanh(x)),
-    nn.Softshrink: lambda m: Twin(lambda x: jnp.where(x > m.lambd, x - m.lambd,
-                                                      jnp.where(x < -m.lambd, x + m.lambd, 0.0)),
+    nn.Softshrink: lambda m: Twin(partial(_softshrink, lambd=m.lambd),
                                   pieces=Pieces((-m.lambd, m.lambd), (Piece((m.lambd, 1.0)), Piece(),
                                                                       Piece((-m.lambd, 1.0))))),
-    nn.Hardshrink: lambda m: Twin(lambda x: jnp.where(jnp.abs(x) > m.lambd, x, 0.0),
+    nn.Hardshrink: lambda m: Twin(partial(_hardshrink, lambd=m.lambd),
                                   pieces=Pieces((-m.lambd, m.lambd), (_X, Piece(), _X))),
-    nn.Threshold: lambda m: Twin(lambda x: _threshold(x, m.threshold, m.value),
+    nn.Threshold: lambda m: Twin(partial(_threshold, threshold=m.threshold, value=m.value),
                                  pieces=Pieces((m.threshold,), (Piece((m.value,)), _X))),
 }
 
@@ -159,12 +171,14 @@ def _explicit_dim(module: nn.Module) -> None:
 @register(nn.Softmax)
 def _softmax(module: nn.Softmax, ctx: Context) -> stax.Layer:
     _explicit_dim(module)
+    dim = module.dim  # the value, not the module: the layer's description holds it
     return stax.Layer(lambda key, shape: (tuple(shape), {}),
-                      lambda params, x: jax.nn.softmax(x, axis=module.dim), _refused("Softmax"))
+                      lambda params, x: jax.nn.softmax(x, axis=dim), _refused("Softmax"))
 
 
 @register(nn.LogSoftmax)
 def _log_softmax(module: nn.LogSoftmax, ctx: Context) -> stax.Layer:
     _explicit_dim(module)
+    dim = module.dim
     return stax.Layer(lambda key, shape: (tuple(shape), {}),
-                      lambda params, x: jax.nn.log_softmax(x, axis=module.dim), _refused("LogSoftmax"))
+                      lambda params, x: jax.nn.log_softmax(x, axis=dim), _refused("LogSoftmax"))

@@ -179,10 +179,14 @@ def Reduce(dims: Sequence[int], keepdim: bool = False, mean: bool = True,
             k = _squeeze(k, axis, name)
         return k
 
+    # positions are mixed by a reduction over a spatial axis, and over the tokens of sequences,
+    # x.mean(1) (without keepdim: the one form with a rule there); the layers before then keep
+    # every pair of positions. keepdim=True over dim 1 alone is a channel mean (N, 1, *S), which
+    # mixes no positions.
     reduce = jnp.mean if mean else jnp.sum
     return Layer(lambda _, shape: (out_shape(shape), {}),
                  lambda params, x: reduce(x, axis=tuple(axes(x.shape)), keepdims=keepdim),
-                 kernel_fn, full_spatial=any(d != 1 for d in dims), affine=True)
+                 kernel_fn, full_spatial=not keepdim or any(d != 1 for d in dims), affine=True)
 
 
 def _inserted(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
