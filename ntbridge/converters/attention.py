@@ -294,14 +294,16 @@ def tied_layers(first: nn.TransformerEncoderLayer, net: _Parts, bodies: list,
                 f"variances too, but W_std/b_std give them different ones ({hyper} and {other}); "
                 f"give every layer the same, or pass shared_weights='independent'.")
     at = index["layers.0"]
-    parts = {name: i for i, (name, _) in enumerate(body.parts)}
+    parts = {name: (i, layer, len(body.inputs[i]) == 2)  # the layers reading (h, ids)
+             for i, (name, layer) in enumerate(body.parts)}
 
     def branch(names: tuple[str, ...]) -> Branch:
+        used = tuple(parts[name] for name in names)
+
         def rule(k, ids, stack_hyper):
-            for name in names:
-                i = parts[name]
-                fn = stax.with_hyper(body.parts[i][1], stack_hyper[at][i])
-                k = fn((k, ids)) if len(body.inputs[i]) == 2 else fn(k)
+            for i, layer, with_ids in used:
+                fn = stax.with_hyper(layer, stack_hyper[at][i])
+                k = fn((k, ids)) if with_ids else fn(k)
             return k
         return Branch(rule)
 
@@ -316,10 +318,11 @@ def tied_layers(first: nn.TransformerEncoderLayer, net: _Parts, bodies: list,
     steps = ([branch(("norm1", "self_attn")), branch(("norm2", *ff))] if first.norm_first else
              [branch(("self_attn",)), norm("norm1"), branch(ff), norm("norm2")])
 
+    last = index.get("norm")
+    final = None if last is None else net.parts[last][1]
+
     def finish(k, stack_hyper):
-        if "norm" not in index:
-            return k
-        return stax.with_hyper(net.parts[index["norm"]][1], stack_hyper[index["norm"]])(k)
+        return k if final is None else stax.with_hyper(final, stack_hyper[last])(k)
 
     def init_fn(key, shape):  # one draw for every layer, as torch's copies
         out, params = network.init_fn(key, shape)
