@@ -152,16 +152,65 @@ def test_empirical_ntk_of_reused_weights_is_torch_funcs(kind):
     np.testing.assert_allclose(ours.detach(), reference.detach(), rtol=1e-5, atol=1e-6)
 
 
-def _wide_samples(norm_first, d, heads, seeds, x, outputs=2):
-    """Per fresh torch model (its layers cloned, as torch builds them): the NNGP and NTK ``(N, N)``
-    of the encoder's token-mean outputs, the NTK from autograd over ``outputs`` output units."""
+class Pooled(nn.Module):
+    """A sequence model's outputs averaged over the tokens, ``(N, T, d) -> (N, d)``."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x).mean(1)
+
+
+class TextClassifier(nn.Module):
+    """README's classifier without its head: embedding, learned positions, cloned encoder
+    layers, the mean over tokens."""
+
+    def __init__(self, d, heads, vocab=50, length=5):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(vocab, d), nn.Parameter(0.1 * torch.randn(length, d))
+        layer = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, ids):
+        return self.enc(self.emb(ids) + self.pos).mean(1)
+
+
+class ViT(nn.Module):
+    """4 x 4 patches of 8 x 8 images embedded by a strided Conv2d, learned positions (and a class
+    token, ``cls``) of std 0.02, 2 pre-norm GELU layers, a final LayerNorm; read out as the mean
+    over tokens or at the class token."""
+
+    def __init__(self, d, heads, cls=False):
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, 4, stride=4)
+        self.cls = nn.Parameter(0.02 * torch.randn(1, 1, d)) if cls else None
+        self.pos = nn.Parameter(0.02 * torch.randn(4 + cls, d))
+        layer = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(d),
+                                         enable_nested_tensor=False)
+
+    def forward(self, images):
+        h = self.patch(images).flatten(2).transpose(1, 2)
+        if self.cls is not None:
+            h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], dim=1)
+        h = self.enc(h + self.pos)
+        return h[:, 0] if self.cls is not None else h.mean(1)
+
+
+def _wide_samples(build, x, seeds, outputs=2):
+    """Per fresh torch model ``build()`` ``(N, ...) -> (N, d)``, as torch builds it (encoder
+    layers deep-copied from one), the NNGP and NTK ``(N, N)`` of its outputs, the NTK from
+    autograd over ``outputs`` output units: plain torch, no ntbridge."""
     nngps, ntks = [], []
     for seed in range(seeds):
         torch.manual_seed(100 + seed)
-        model = encoder_model(d, heads, norm_first=norm_first)
+        model = build()
         params = list(model.parameters())
-        g = model(x).mean(1)
-        nngps.append((g @ g.T / d).detach())
+        g = model(x)
+        nngps.append((g @ g.T / g.shape[1]).detach())
         rows = [torch.cat([t.flatten() for t in torch.autograd.grad(g[n, c], params,
                                                                     retain_graph=True)])
                 for c in range(outputs) for n in range(len(x))]
@@ -170,23 +219,44 @@ def _wide_samples(norm_first, d, heads, seeds, x, outputs=2):
     return {"nngp": torch.stack(nngps).numpy(), "ntk": torch.stack(ntks).numpy()}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_cloned_encoder_layers_match_wide_torch_models(norm_first):
-    # fresh torch models as torch builds them (layers deep-copied from one) at the model's own
-    # width: their mean kernels lie within 5 combined standard errors (the samples' and the
-    # attention rule's) of the shared-weights kernel; the independent layers' kernel does not
-    d, heads, seeds, x = 256, 16, 24, _inputs()
-    samples = _wide_samples(norm_first, d, heads, seeds, x)
-    model = encoder_model(d, heads, norm_first=norm_first)
+def _worst_z(build, x, seeds) -> dict:
+    """The largest deviation of the kernels from wide models' means, in combined standard errors
+    (the samples' and the attention rule's), for ``shared_weights`` ``auto`` and
+    ``independent``."""
+    samples, model = _wide_samples(build, x, seeds), build()
     rule_error = ntbridge.expectation_error(model, x)
     worst = {}
     for sharing in ("auto", "independent"):
         k = ntbridge.kernel(model, x, shared_weights=sharing)
         for name, s in samples.items():
             mean, se = s.mean(0), s.std(0, ddof=1) / seeds ** 0.5
-            analytic = getattr(k, name).mean((2, 3)).numpy()
+            analytic = getattr(k, name).numpy()
             se = np.sqrt(se ** 2 + (rule_error * np.abs(analytic).max()) ** 2)
             worst[sharing, name] = (np.abs(analytic - mean) / se).max()
-    assert max(worst["auto", n] for n in samples) < 5, worst
-    assert max(worst["independent", n] for n in samples) > 5, worst
+    return worst
+
+
+def _wide(kind: str):
+    d, heads = 256, 16
+    if kind == "text classifier":
+        ids = torch.randint(0, 50, (3, 5), generator=torch.Generator().manual_seed(0))
+        return lambda: TextClassifier(d, heads).double().eval(), ids
+    if kind.startswith("vit"):
+        images = torch.randn(3, 3, 8, 8, dtype=torch.float64,
+                             generator=torch.Generator().manual_seed(0))
+        return lambda: ViT(d, heads, cls=kind == "vit class token").double().eval(), images
+    norm_first = kind == "pre-norm"
+    return lambda: Pooled(encoder_model(d, heads, norm_first=norm_first)), _inputs()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["post-norm", "pre-norm", "text classifier", "vit",
+                                  "vit class token"])
+def test_cloned_encoder_layers_match_wide_torch_models(kind):
+    # fresh torch models as torch builds them (layers deep-copied from one) at the model's own
+    # width: their mean kernels lie within 5 combined standard errors of the kernel of copies;
+    # the independent layers' kernel does not
+    build, x = _wide(kind)
+    worst = _worst_z(build, x, seeds=24)
+    assert max(worst["auto", n] for n in ("nngp", "ntk")) < 5, worst
+    assert max(worst["independent", n] for n in ("nngp", "ntk")) > 5, worst
