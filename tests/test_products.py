@@ -102,8 +102,8 @@ class Dependent(nn.Module):
 
 
 @pytest.mark.parametrize("fn, says", [
-    (lambda m, x: m.fc(x) * m.fc(x), "the factors 'fc' and 'fc' are not independent: they are "
-                                     "computed by the same module"),
+    (lambda m, x: m.fc(x) * m.fc(x), "uses the weights of .*'fc' .*the same module, called "
+                                     "twice"),
     (lambda m, x: (lambda h: h * h)(m.fc(x)), "'fc' and 'fc' are not independent: they are the "
                                               "same tensor"),
     (lambda m, x: (lambda h: h * torch.relu(h))(m.fc(x)), "one is computed from the other"),
@@ -127,14 +127,17 @@ def test_refusal_says_what_to_do_instead():
                              r"ntbridge\.monte_carlo"):
         ntbridge.ntk(model, torch.randn(2, 3))
     with pytest.raises(errors.UnsupportedLayerError, match="identically distributed"):
-        ntbridge.ntk(Dependent(lambda m, x: m.fc2(x) * torch.cat([m.fc(x)[:, :4], m.fc2(x)[:, :4]],
-                                                                  1)), torch.randn(2, 3))
+        ntbridge.ntk(Dependent(lambda m, x: (lambda h: m.fc2(x) * torch.cat(
+            [h[:, :4], torch.relu(h)[:, :4]], 1))(m.fc(x))), torch.randn(2, 3))
 
 
 def test_a_module_called_twice_shares_its_weights():
-    """fc(x) + fc(x) is 2 fc(x), whose kernel is 4 K, not 2 K: the sum is refused, as the product."""
+    """fc(x) + fc(x) is 2 fc(x), whose kernel is 4 K, not 2 K: the sum is refused, as the product;
+    with shared_weights='independent' too, as the factors are one tensor."""
     for combine, says in ((lambda a, b: a + b, "may be correlated"),
                           (lambda a, b: a * b, "computed by the same module")):
+        with pytest.raises(errors.UnsupportedLayerError, match="the same module, called twice"):
+            ntbridge.nngp(Dependent(lambda m, x: combine(m.fc(x), m.fc(x))), torch.randn(2, 3))
         model = Dependent(lambda m, x: combine(m.fc(x), m.fc(x)))
         with pytest.raises(errors.UnsupportedLayerError, match=says):
-            ntbridge.nngp(model, torch.randn(2, 3))
+            ntbridge.nngp(model, torch.randn(2, 3), shared_weights="independent")

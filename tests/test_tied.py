@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import ntbridge
-from ntbridge.converters import attention
+from ntbridge.converters import encoder
 from ntbridge.errors import InputError, UnsupportedLayerError
 
 
@@ -39,7 +39,7 @@ def test_one_layer_with_the_shared_rule_is_the_layer_rule(norm_first, monkeypatc
     torch.manual_seed(0)
     model, x = encoder_model(norm_first=norm_first, layers=1), _inputs()
     plain = ntbridge.kernel(model, x)
-    monkeypatch.setattr(attention, "shares_weights", lambda module, ctx: True)
+    monkeypatch.setattr(encoder, "shares_weights", lambda module, ctx: True)
     shared = ntbridge.kernel(model, x)
     for name in ("nngp", "ntk"):
         np.testing.assert_allclose(getattr(shared, name), getattr(plain, name), rtol=1e-13,

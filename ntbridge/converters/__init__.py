@@ -16,8 +16,9 @@ from torch import nn
 from ..dlpack import model_dtype
 from ..errors import InputError, InputTypeError
 from ..stax.description import describe
-from . import (activations, attention, conv, graph_ops, indexing, linear,  # noqa: F401
-               normalization, pooling, products, resize, sequence, structure)  # (converters)
+from . import (activations, attention, conv, encoder, graph_ops, indexing,  # noqa: F401
+               linear, normalization, pooling, products, resize, sequence,  # (converters)
+               structure)
 from .fx import fx_nodes
 from .graph import Graph, Node, make_node
 from .reuse import check_reuse, children

@@ -1,17 +1,10 @@
-"""Converters of transformers: ``nn.Embedding``, ``nn.MultiheadAttention`` (self-attention),
-``nn.TransformerEncoderLayer`` and ``nn.TransformerEncoder``, as sequences ``(N, T, d)``.
-
-An encoder layer is one stax network of its submodules' layers and the residual sums (post-norm
-``x = norm1(x + sa(x)); x = norm2(x + ff(x))``, or pre-norm ``x = x + sa(norm1(x)); x = x +
-ff(norm2(x))`` with ``norm_first``; ``ff = linear2(dropout(activation(linear1(x))))``), its
-parameters keyed by their qualified names within the module. The calls' masks come from
-``ctx.call`` (the keyword arguments of a traced call, see :mod:`.fx`).
-"""
+"""Converters of transformers' parts: ``nn.Embedding`` and ``nn.MultiheadAttention``
+(self-attention), as sequences ``(N, T, d)`` (encoder layers and stacks: :mod:`.encoder`); the
+checks of token ids and of the layout attention reads."""
 
 from __future__ import annotations
 
 import math
-import re
 
 import jax.numpy as jnp
 import torch
@@ -21,10 +14,8 @@ from .. import stax
 from ..errors import InputError, InputTypeError, UnsupportedLayerError
 from ..stax.attention import SelfAttention, Stds
 from ..stax.embedding import Embedding
-from ..stax.tied import Branch, Norm, tied
 from .calls import PaddingIds
-from .functional import FUNCTIONS
-from .registry import Context, as_float, find_converter, register, rms
+from .registry import Context, register, rms
 
 # torch's initialisation of MultiheadAttention: xavier_uniform_ of in_proj_weight (3E, E), variance
 # 2 / (E + 3E), i.e. W_std**2 = 1/2 for queries, keys, values; out_proj as nn.Linear, 1/3; zero biases
@@ -137,199 +128,6 @@ def _attention(module: nn.MultiheadAttention, ctx: Context) -> stax.Layer:
                          parameterization=ctx.parameterization, mask=mask,
                          linear_scaling=ctx.options.attention == "linear", padding_id=padding_id,
                          rule=stax.Rule(points=ctx.options.attention_points))
-
-
-def _sub(module: nn.Module, name: str, ctx: Context, call: dict | None = None) -> stax.Layer:
-    """The stax layer of submodule ``module`` (qualified ``ctx.name + '.' + name``)."""
-    sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options, call=call)
-    converter = find_converter(module)
-    if converter is None:
-        raise UnsupportedLayerError(f"{sub.name} ({type(module).__name__}) has no kernel rule.")
-    layer = converter(module, sub)
-    ctx.hyper.update({f"{name}.{k}": v for k, v in sub.hyper.items()})
-    return layer
-
-
-def nested(parts: list[tuple[str, stax.Layer]], inputs: list[tuple[int, ...]]) -> stax.Layer:
-    """A ``dag`` of ``parts`` (prefix, layer) whose params are one dict keyed ``prefix.name``."""
-    net = stax.dag([layer for _, layer in parts], inputs)
-    prefixes = [p + "." for p, _ in parts]
-
-    def split(params):
-        return tuple({k[len(p):]: v for k, v in params.items() if k.startswith(p)}
-                     for p in prefixes)
-
-    def init_fn(key, shape):
-        out, per = net.init_fn(key, shape)
-        return out, {p + k: v for p, lp in zip(prefixes, per) for k, v in lp.items()}
-
-    return net._replace(init_fn=init_fn, apply_fn=lambda params, x: net.apply_fn(split(params), x))
-
-
-def _activation(module: nn.TransformerEncoderLayer, ctx: Context) -> stax.Layer:
-    act = module.activation
-    act = FUNCTIONS[act]() if act in FUNCTIONS else act
-    if not isinstance(act, nn.Module):
-        raise UnsupportedLayerError(f"{ctx.name}: activation {act!r} is not supported; use "
-                                    f"'relu', 'gelu' or an activation module.")
-    return _sub(act, "activation", ctx)
-
-
-class _Parts:
-    """The parts of a :func:`nested` network, added in execution order; a network whose call has a
-    key padding mask takes ``(x, ids)`` and hands the ids to its attention."""
-
-    def __init__(self, padded: bool):
-        self.parts, self.inputs = [], []
-        self.x, self.ids = stax.INPUT, None
-        if padded:
-            self.x, self.ids = (self.add(f"~{n}", stax.Pick(j), stax.INPUT)
-                                for j, n in enumerate(("x", "ids")))
-
-    def add(self, name: str, layer: stax.Layer, *sources: int) -> int:
-        self.parts.append((name, layer))
-        self.inputs.append(sources)
-        return len(self.parts) - 1
-
-    def attention(self, name: str, layer: stax.Layer, h: int) -> int:
-        return self.add(name, layer, h, *(() if self.ids is None else (self.ids,)))
-
-    def network(self) -> stax.Layer:
-        return nested(self.parts, self.inputs)
-
-
-def encoder_parts(module: nn.TransformerEncoderLayer, ctx: Context, call: dict | None) -> _Parts:
-    """The parts of one encoder layer's stax network (module doc)."""
-    sa = _sub(module.self_attn, "self_attn", ctx, call)
-    ff = [(n, _sub(getattr(module, n), n, ctx)) for n in ("linear1",)]
-    ff += [("activation", _activation(module, ctx))]
-    ff += [(n, _sub(getattr(module, n), n, ctx)) for n in ("dropout", "linear2")]
-    norm1, norm2 = _sub(module.norm1, "norm1", ctx), _sub(module.norm2, "norm2", ctx)
-    net = _Parts(isinstance((call or {}).get("key_padding_mask"), PaddingIds))
-
-    def feed_forward(h):
-        for name, layer in ff:
-            h = net.add(name, layer, h)
-        return h
-
-    add = lambda i, a, b: net.add(f"~add{i}", stax.FanInSum(), a, b)
-    x = net.x
-    if module.norm_first:
-        h = add(0, x, net.attention("self_attn", sa, net.add("norm1", norm1, x)))
-        add(1, h, feed_forward(net.add("norm2", norm2, h)))
-    else:
-        h = net.add("norm1", norm1, add(0, x, net.attention("self_attn", sa, x)))
-        net.add("norm2", norm2, add(1, h, feed_forward(h)))
-    return net
-
-
-def encoder_layer(module: nn.TransformerEncoderLayer, ctx: Context, call: dict | None):
-    """The stax network of one encoder layer (module doc)."""
-    return encoder_parts(module, ctx, call).network()
-
-
-def _encoder_call(ctx: Context) -> dict:
-    call = dict(ctx.call or {})
-    return {"attn_mask": call.get("src_mask", call.get("mask")),
-            "key_padding_mask": call.get("src_key_padding_mask"),
-            "is_causal": call.get("is_causal"), "time_major": call.get("time_major")}
-
-
-@register(nn.TransformerEncoderLayer)
-def _encoder_layer(module: nn.TransformerEncoderLayer, ctx: Context) -> stax.Layer:
-    check_layout(module.self_attn.batch_first, ctx, f"TransformerEncoderLayer '{ctx.name}'")
-    return encoder_layer(module, ctx, _encoder_call(ctx))
-
-
-@register(nn.TransformerEncoder)
-def _encoder(module: nn.TransformerEncoder, ctx: Context) -> stax.Layer:
-    call = _encoder_call(ctx)
-    net = _Parts(isinstance(call["key_padding_mask"], PaddingIds))
-    h, bodies = net.x, []
-    for j, layer in enumerate(module.layers):
-        name = f"layers.{j}"
-        sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options)
-        check_layout(layer.self_attn.batch_first, ctx, sub.name)
-        bodies.append((encoder_parts(layer, sub, call), sub.hyper))
-        h = net.attention(name, bodies[-1][0].network(), h)
-        ctx.hyper.update({f"{name}.{k}": v for k, v in sub.hyper.items()})
-    if module.norm is not None:
-        net.add("norm", _sub(module.norm, "norm", ctx), h)
-    network = net.network()
-    ctx.hyper["shared_weights"] = shared = shares_weights(module, ctx)
-    if not shared:
-        return network
-    return tied_layers(module.layers[0], net, bodies, network)
-
-
-def shares_weights(module: nn.TransformerEncoder, ctx: Context) -> bool:
-    """Whether the encoder's layers hold one set of weights, as torch's deep copies of one layer
-    do until trained (``shared_weights="auto"``): every parameter of every layer equal to the first
-    layer's. Layers whose random weights all differ are independent; a mix is refused."""
-    if ctx.options.shared_weights == "independent" or len(module.layers) < 2:
-        return False
-    first = dict(module.layers[0].named_parameters())
-    random = [k for k, p in first.items() if p.numel() > 1 and bool((p != p.flatten()[0]).any())]
-    same = {bool(torch.equal(first[k], dict(layer.named_parameters())[k]))
-            for layer in module.layers[1:] for k in random}
-    if len(same) > 1:
-        raise UnsupportedLayerError(
-            f"{ctx.name or 'the model'} (TransformerEncoder): some of its layers' weights equal "
-            f"the first layer's and some do not, so neither the kernel of layers sharing weights "
-            f"(torch's clones, before training) nor that of independent layers is this model's. "
-            f"Pass shared_weights='independent' for the latter, or re-initialise every layer.")
-    return same == {True}
-
-
-def tied_layers(first: nn.TransformerEncoderLayer, net: _Parts, bodies: list,
-                network: stax.Layer) -> stax.Layer:
-    """``network`` of encoder layers sharing their weights (:mod:`ntbridge.stax.tied`)."""
-    (body, hyper), index = bodies[0], {name: i for i, (name, _) in enumerate(net.parts)}
-    values = lambda h: repr({k: as_float(v) if isinstance(v, torch.Tensor) else v
-                             for k, v in h.items()})
-    for _, other in bodies[1:]:
-        if values(other) != values(hyper):
-            raise UnsupportedLayerError(
-                f"the layers of a TransformerEncoder share their weights, so they share their "
-                f"variances too, but W_std/b_std give them different ones ({hyper} and {other}); "
-                f"give every layer the same, or pass shared_weights='independent'.")
-    at = index["layers.0"]
-    parts = {name: (i, layer, len(body.inputs[i]) == 2)  # the layers reading (h, ids)
-             for i, (name, layer) in enumerate(body.parts)}
-
-    def branch(names: tuple[str, ...]) -> Branch:
-        used = tuple(parts[name] for name in names)
-
-        def rule(k, ids, stack_hyper):
-            for i, layer, with_ids in used:
-                fn = stax.with_hyper(layer, stack_hyper[at][i])
-                k = fn((k, ids)) if with_ids else fn(k)
-            return k
-        return Branch(rule)
-
-    def norm(name: str) -> Norm:
-        weight, bias = hyper[f"{name}.weight"], hyper[f"{name}.bias"]
-        if any(v is not None and v != v for v in (weight, bias)):
-            raise UnsupportedLayerError(f"{name}'s affine parameters vary across entries: no "
-                                        f"kernel rule (use ntbridge.empirical_ntk).")
-        return Norm(getattr(first, name).eps, weight, bias)
-
-    ff = ("linear1", "activation", "dropout", "linear2")
-    steps = ([branch(("norm1", "self_attn")), branch(("norm2", *ff))] if first.norm_first else
-             [branch(("self_attn",)), norm("norm1"), branch(ff), norm("norm2")])
-
-    last = index.get("norm")
-    final = None if last is None else net.parts[last][1]
-
-    def finish(k, stack_hyper):
-        return k if final is None else stax.with_hyper(final, stack_hyper[last])(k)
-
-    def init_fn(key, shape):  # one draw for every layer, as torch's copies
-        out, params = network.init_fn(key, shape)
-        first_layer = lambda k: re.sub(r"^layers\.\d+\.", "layers.0.", k)
-        return out, {k: params[first_layer(k)] for k in params}
-
-    return tied(network._replace(init_fn=init_fn), steps, len(bodies), finish)
 
 
 def id_readers(graph) -> list:

@@ -17,10 +17,11 @@ from .graph import Node
 
 
 def _random(t: torch.Tensor) -> bool:
-    """Whether ``t`` looks drawn at random: more than one entry, not all equal (LayerNorm's ones
-    and zero biases are the same in every copy without being shared)."""
+    """Whether ``t`` looks drawn at random: data (not on the meta device), more than one entry,
+    not all equal (LayerNorm's ones and zero biases are the same in every copy without being
+    shared)."""
     flat = t.detach().flatten()
-    return flat.numel() > 1 and bool((flat != flat[0]).any())
+    return not t.is_meta and flat.numel() > 1 and bool((flat != flat[0]).any())
 
 
 def _fingerprint(t: torch.Tensor) -> tuple:
@@ -45,7 +46,7 @@ def check_reuse(nodes: list[Node]) -> None:
     tensors: dict[int, Node] = {}
     values: dict[tuple, list[tuple[torch.Tensor, Node]]] = {}
     for node in nodes:
-        if id(node.module) in modules:
+        if id(node.module) in modules and next(node.module.parameters(), None) is not None:
             raise _found(node, modules[id(node.module)], "the same module, called twice")
         modules[id(node.module)] = node
         for name, p in node.module.named_parameters():

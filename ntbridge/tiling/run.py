@@ -23,7 +23,6 @@ from .. import programs
 from ..dlpack import abstract, all_finite
 from ..errors import InputError, MemoryBudgetError
 from ..progress import Bar
-from ..stax.kernel import kernel_dtype
 from .arrays import symmetrize
 from . import distributed
 from .plan import Batching, Tiling, entry_bytes, result_budget
@@ -167,8 +166,10 @@ def _build(task: Task, tiling: Tiling, devices: list, arguments: tuple, opts: Ba
 
 def _least_entry(task: Task, x1: torch.Tensor) -> list[jax.ShapeDtypeStruct]:
     """The least one entry (a pair of examples) of ``task``'s kernel holds, known from shapes and
-    dtypes alone: one value of the kernels' dtype in each of its ``task.kernels`` arrays."""
-    return [jax.ShapeDtypeStruct((1, 1), kernel_dtype(abstract(x1).dtype))] * task.kernels
+    dtypes alone: one value in each of its ``task.kernels`` arrays, float64 for float64 inputs,
+    else at least float32 (token ids' kernels take the widest float enabled)."""
+    dtype = np.float64 if x1.dtype == torch.float64 else np.float32
+    return [jax.ShapeDtypeStruct((1, 1), dtype)] * task.kernels
 
 
 def _entry(program: Program) -> list[jax.ShapeDtypeStruct]:
