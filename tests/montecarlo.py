@@ -9,9 +9,14 @@ layer has exactly only for Gaussian weights.
 
 In NTK parameterization each parameter ``theta = sigma * omega`` is trained through ``omega``, so
 its NTK contribution is that of ``theta`` times ``sigma**2``: no separate model is needed.
+
+:func:`fresh_kernels` instead builds fresh models by their own constructors, as torch initialises
+them (uniform weights, ``nn.TransformerEncoder``'s copies of its layer), and :func:`z_scores`
+compares a kernel with their mean in the samples' own standard errors.
 """
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -97,3 +102,43 @@ def check_architecture(build, parameterization, samples=100, ntk_outputs=2):
     k = ntbridge.kernel(model, x, parameterization=parameterization)
     assert_within_standard_error(nngp_samples, k.nngp, "NNGP")
     assert_within_standard_error(ntk_samples, k.ntk, f"NTK ({parameterization})")
+
+
+def fresh_kernels(build: Callable[[], nn.Module], x: torch.Tensor, samples: int,
+                  seed: int = 0, ntk_outputs: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """The empirical NNGP and NTK of ``samples`` models ``build()`` (each built under
+    ``torch.manual_seed(seed + s)``, then made float64), each ``(samples, N, N)``.
+
+    The model's output is ``(N, O)`` or a sequence ``(N, T, O)``, features last; a sequence's
+    kernels keep every pair of tokens, ``(samples, N, N, T, T)``, as the analytic kernel does. NNGP:
+    the output units' mean of ``f(x) f(x')``; NTK: ``sum_p df/dp df'/dp`` over every parameter, the
+    mean over the first ``ntk_outputs`` units.
+    """
+    nngps, ntks = [], []
+    for s in range(samples):
+        torch.manual_seed(seed + s)
+        model = build().double()
+        params = list(model.parameters())
+        out = model(x)
+        n, units = out.shape[0], out.shape[-1]
+        f = out.reshape(n, -1, units)  # (N, T, O), T = 1 without tokens
+        nngps.append(torch.einsum("nto,mso->nmts", f, f).detach() / units)
+        rows = f[..., :ntk_outputs].reshape(-1)
+        jac = torch.stack([torch.cat([g.reshape(-1) for g in torch.autograd.grad(
+            row, params, retain_graph=True, materialize_grads=True)]) for row in rows])
+        jac = jac.reshape(n, f.shape[1], ntk_outputs, -1)
+        ntks.append(torch.einsum("ntop,msop->nmts", jac, jac) / ntk_outputs)
+    nngp, ntk = torch.stack(nngps), torch.stack(ntks)
+    return (nngp, ntk) if f.shape[1] > 1 else (nngp[..., 0, 0], ntk[..., 0, 0])
+
+
+def standard_error(samples: torch.Tensor) -> torch.Tensor:
+    """The standard error of the samples' mean (over the first axis), from their own spread."""
+    return samples.std(0, correction=1) / math.sqrt(samples.shape[0])
+
+
+def z_scores(samples: torch.Tensor, analytic: torch.Tensor, error: float = 0.0) -> torch.Tensor:
+    """``|analytic - mean| / spread`` per entry: the spread is the samples' standard error (ddof=1)
+    and the analytic kernel's own relative ``error`` times its largest entry, in quadrature."""
+    spread = torch.sqrt(standard_error(samples) ** 2 + (error * analytic.abs().max()) ** 2)
+    return (analytic - samples.mean(0)).abs() / spread

@@ -16,7 +16,6 @@ width biases their mean kernels by about 1% of the largest entry (0.7% for the g
 at 256 channels, 0.2% at 1024), below the resolution of these samples (standard errors of 0.1-1.3%).
 """
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,53 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import ntbridge
+from montecarlo import fresh_kernels, standard_error, z_scores
 
 WIDTH = 256  # channels of the sequence models and of most hidden layers
 HEADS = 16
 OUTPUTS = 256  # output units of the heads: the NNGP's average
-NTK_OUTPUTS = 2  # output units whose Jacobians make each model's NTK
 Z_MAX = 5.0
 POWER = 0.05  # the largest standard error must be below this share of the kernel's largest entry
-
-
-def fresh_kernels(build: Callable[[], nn.Module], x: torch.Tensor, samples: int,
-                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The empirical NNGP and NTK of ``samples`` models ``build()`` (each built under
-    ``torch.manual_seed(seed + s)``, then made float64), each ``(samples, N, N)``.
-
-    The model's output is ``(N, O)`` or a sequence ``(N, T, O)``, features last; a sequence's
-    kernels keep every pair of tokens, ``(samples, N, N, T, T)``, as the analytic kernel does. NNGP:
-    the output units' mean of ``f(x) f(x')``; NTK: ``sum_p df/dp df'/dp`` over every parameter, the
-    mean over the first ``NTK_OUTPUTS`` units.
-    """
-    nngps, ntks = [], []
-    for s in range(samples):
-        torch.manual_seed(seed + s)
-        model = build().double()
-        params = list(model.parameters())
-        out = model(x)
-        n, units = out.shape[0], out.shape[-1]
-        f = out.reshape(n, -1, units)  # (N, T, O), T = 1 without tokens
-        nngps.append(torch.einsum("nto,mso->nmts", f, f).detach() / units)
-        rows = f[..., :NTK_OUTPUTS].reshape(-1)
-        jac = torch.stack([torch.cat([g.reshape(-1) for g in torch.autograd.grad(
-            row, params, retain_graph=True, materialize_grads=True)]) for row in rows])
-        jac = jac.reshape(n, f.shape[1], NTK_OUTPUTS, -1)
-        ntks.append(torch.einsum("ntop,msop->nmts", jac, jac) / NTK_OUTPUTS)
-    nngp, ntk = torch.stack(nngps), torch.stack(ntks)
-    return (nngp, ntk) if f.shape[1] > 1 else (nngp[..., 0, 0], ntk[..., 0, 0])
-
-
-def standard_error(samples: torch.Tensor) -> torch.Tensor:
-    """The standard error of the samples' mean (over the first axis), from their own spread."""
-    return samples.std(0, correction=1) / math.sqrt(samples.shape[0])
-
-
-def z_scores(samples: torch.Tensor, analytic: torch.Tensor, error: float = 0.0) -> torch.Tensor:
-    """``|analytic - mean| / spread`` per entry: the spread is the samples' standard error (ddof=1)
-    and the analytic kernel's own relative ``error`` times its largest entry, in quadrature."""
-    spread = torch.sqrt(standard_error(samples) ** 2 + (error * analytic.abs().max()) ** 2)
-    return (analytic - samples.mean(0)).abs() / spread
 
 
 @dataclass(frozen=True)
