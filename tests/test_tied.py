@@ -4,6 +4,7 @@ refuse rather than compute the kernel of another network."""
 
 import copy
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 import ntbridge
 from montecarlo import fresh_kernels, z_scores
 from ntbridge.converters import encoder
+from ntbridge.empirical.reinit import reinitialise
 from ntbridge.errors import InputError, UnsupportedLayerError
 
 
@@ -203,3 +205,15 @@ def test_cloned_encoder_layers_of_vits_match_wide_torch_models(cls):
     worst = _worst_z(lambda: ViT(256, 16, cls).double().eval(), _images(), seeds=24)
     assert max(worst["auto", n] for n in ("nngp", "ntk")) < 5, worst
     assert max(worst["independent", n] for n in ("nngp", "ntk")) > 5, worst
+
+
+def test_fresh_draws_of_cloned_layers_are_clones():
+    # the samples of monte_carlo: the converted graph's init_fn, and the models' own resets
+    torch.manual_seed(5)
+    cloned, independent = encoder_model(), encoder_model(reinitialise=True)
+    _, params = ntbridge.convert(cloned).init_fn(jax.random.key(0), (3, 4, 8))
+    assert np.array_equal(params["1.layers.0.linear1.weight"], params["1.layers.1.linear1.weight"])
+    for model, equal in ((cloned, True), (independent, False)):
+        reinitialise(model, seed=0, sample=1)
+        layers = model[1].layers
+        assert torch.equal(layers[0].linear1.weight, layers[1].linear1.weight) == equal

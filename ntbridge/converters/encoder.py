@@ -24,6 +24,7 @@ from .attention import check_layout
 from .calls import PaddingIds
 from .functional import FUNCTIONS
 from .registry import Context, as_float, find_converter, register
+from .reuse import copies
 
 
 def _sub(module: nn.Module, name: str, ctx: Context, call: dict | None = None) -> stax.Layer:
@@ -153,12 +154,9 @@ def shares_weights(module: nn.TransformerEncoder, ctx: Context) -> bool:
     """Whether the encoder's layers hold one set of weights, as torch's deep copies of one layer
     do until trained (``shared_weights="auto"``): every parameter of every layer equal to the first
     layer's. Layers whose random weights all differ are independent; a mix is refused."""
-    if ctx.options.shared_weights == "independent" or len(module.layers) < 2:
+    if ctx.options.shared_weights == "independent":
         return False
-    first = dict(module.layers[0].named_parameters())
-    random = [k for k, p in first.items() if p.numel() > 1 and bool((p != p.flatten()[0]).any())]
-    same = {bool(torch.equal(first[k], dict(layer.named_parameters())[k]))
-            for layer in module.layers[1:] for k in random}
+    same = copies(module.layers)
     if len(same) > 1:
         raise UnsupportedLayerError(
             f"{ctx.name or 'the model'} (TransformerEncoder): some of its layers' weights equal "

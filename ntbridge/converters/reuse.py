@@ -9,6 +9,8 @@ network. ``shared_weights="independent"`` asks for the kernel of independently d
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 
@@ -16,7 +18,7 @@ from ..errors import UnsupportedLayerError
 from .graph import Node
 
 
-def _random(t: torch.Tensor) -> bool:
+def looks_random(t: torch.Tensor) -> bool:
     """Whether ``t`` looks drawn at random: data (not on the meta device), more than one entry,
     not all equal (LayerNorm's ones and zero biases are the same in every copy without being
     shared)."""
@@ -53,7 +55,7 @@ def check_reuse(nodes: list[Node]) -> None:
             if id(p) in tensors:
                 raise _found(node, tensors[id(p)], f"the same parameter, its '{name}'")
             tensors[id(p)] = node
-            if not _random(p):
+            if not looks_random(p):
                 continue
             same = values.setdefault(_fingerprint(p), [])
             for q, other in same:
@@ -61,6 +63,15 @@ def check_reuse(nodes: list[Node]) -> None:
                     raise _found(node, other, f"equal values of '{name}', as copies of one "
                                               f"module hold until trained")
             same.append((p, node))
+
+
+def copies(layers: Sequence[nn.Module]) -> set[bool]:
+    """For every random parameter (:func:`looks_random`) of ``layers[1:]``, whether it equals the
+    first layer's: ``{True}`` for copies of one layer (``nn.TransformerEncoder``'s, until trained),
+    ``{False}`` for independent layers, both for a mix (empty for fewer than two layers)."""
+    first = dict(layers[0].named_parameters())
+    return {bool(torch.equal(p, dict(layer.named_parameters())[k]))
+            for layer in layers[1:] for k, p in first.items() if looks_random(p)}
 
 
 def children(module: nn.Sequential) -> list[tuple[str, nn.Module]]:

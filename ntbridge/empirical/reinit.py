@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..converters.reuse import copies
 from ..errors import UnsupportedLayerError
 
 
@@ -56,9 +57,17 @@ def check_resettable(model: nn.Module) -> None:
 
 
 def reinitialise(model: nn.Module, seed: int, sample: int) -> None:
-    """Draw sample ``sample`` of ``seed``'s initialisations into ``model``, in place (module doc)."""
+    """Draw sample ``sample`` of ``seed``'s initialisations into ``model``, in place (module doc).
+    The layers of an ``nn.TransformerEncoder``/``Decoder`` that hold copies of one layer, as torch
+    builds them, get copies of the first layer's fresh weights."""
     devices = [p.device for p in model.parameters() if p.device.type == "cuda"][:1]
+    stacks = [m for m in model.modules() if isinstance(m, (nn.TransformerEncoder,
+                                                            nn.TransformerDecoder))
+              and copies(m.layers) == {True}]
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         torch.manual_seed(sample_seed(seed, sample))
         for _, module in _owners(model):
             _reset_fn(module)()
+        for stack in stacks:
+            for layer in stack.layers[1:]:
+                layer.load_state_dict(stack.layers[0].state_dict())
