@@ -34,8 +34,8 @@ from torch import fx, nn
 from torch.export import Dim, ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from ..dlpack import model_dtype, precision, to_jax
-from ..errors import ConversionError, InputError, InputTypeError, UnsupportedLayerError
+from ...dlpack import model_dtype, precision, to_jax
+from ...errors import ConversionError, InputError, InputTypeError, UnsupportedLayerError
 from .aten import OPS, jax_dtype
 
 Variables = dict[str, jax.Array]
@@ -230,8 +230,9 @@ def call_node(node: fx.Node, args, kwargs):
     else:
         raise UnsupportedLayerError(
             f"the operator {target} of {_where(node)} has no JAX translation. Compute it with "
-            f"supported operators, or add one: ntbridge.converters.aten.OPS[torch.ops.aten.<name>] "
-            f"= a JAX function of the operator's arguments.")
+            f"supported operators, or add one: "
+            f"ntbridge.converters.export.aten.OPS[torch.ops.aten.<name>] = a JAX function of the "
+            f"operator's arguments.")
     try:
         return fn(*args, **kwargs)
     except UnsupportedLayerError as e:

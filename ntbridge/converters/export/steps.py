@@ -11,7 +11,7 @@ input and output lead with the batch axis declares the outer-product structure o
 every time step) is shared: the structured strategy leaves it to Jacobians.
 
 Example:
-    >>> steps = graph_steps(translate(model, x).program)
+    >>> steps = program_steps(translate(model, x).program)
     >>> [s.name for s in steps if s.layer.structure]     # the modules whose weights are structured
     ['head']
 """
@@ -27,9 +27,9 @@ from torch import fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from .. import stax
-from ..stax import Outer
-from .export import call_node
+from ... import stax
+from ...stax import Outer
+from .translator import call_node
 
 aten = torch.ops.aten
 
@@ -70,7 +70,7 @@ class Step:
         return param.rpartition(".")[0]
 
 
-def graph_steps(program: ExportedProgram) -> tuple[Step, ...]:
+def program_steps(program: ExportedProgram) -> tuple[Step, ...]:
     """The steps computing ``program``'s user output, in order, the output's step last."""
     graph_module = program.graph_module
     nodes = list(graph_module.graph.nodes)

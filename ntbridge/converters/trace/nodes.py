@@ -23,22 +23,24 @@ from typing import Callable
 import torch
 from torch import fx, nn
 
-from ..errors import ConversionError, UnsupportedLayerError
-from ..stax import INPUT
-from .calls import ATTENTION_MODULES, PaddingIds, attention_call, attention_output, padding_ids
-from .combinators import Add, Concat
-from .elementwise import Elementwise, step_of
+from ...errors import ConversionError, UnsupportedLayerError
+from ...stax import INPUT
+from ..aggregation import NodeFeatures
+from ..attention import PaddingIds
+from ..combinators import Add, Concat
+from ..elementwise import Elementwise, step_of
+from ..graph import Node, make_node
+from ..indexing import Stack
+from ..products import Multiply
+from ..registry import Options
+from .adjacency import adjacency_view, input_aggregation
+from .calls import ATTENTION_MODULES, attention_call, attention_output, padding_ids
 from .equivalents import equivalent, is_shape
-from .graph import Node, make_node
-from .graph_ops import GraphFeatures, adjacency_view, input_aggregation
 from .independence import correlated, dependent
-from .indexing import Stack
-from .layout import batch_first_form, swapped
-from .products import Multiply
-from .registry import Options
-from .sequence import (PositionsView, is_arange, is_arange_value, is_positions, learned_token,
-                       position_view, positions)
-from .tracing import constant, describe, trace
+from .positions import (PositionsView, is_arange, is_arange_value, is_positions, learned_token,
+                        position_view, positions)
+from .time_major import batch_first_form, swapped
+from .tracer import constant, describe, trace
 
 
 # ------------------------------------------------------------ conversion of the traced nodes
@@ -102,7 +104,7 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
                 adjacencies[node] = False
                 continue
             index[node] = len(nodes)
-            nodes.append(make_node(len(nodes), "x", GraphFeatures(), (INPUT,), options,
+            nodes.append(make_node(len(nodes), "x", NodeFeatures(), (INPUT,), options,
                                    f"the node features x of {type(model).__name__}.forward"))
         elif node.op == "placeholder":
             index[node] = INPUT
