@@ -9,6 +9,7 @@ embeddings, learned tokens), :mod:`.adjacency`'s (aggregation over adjacency mat
 and products are uncorrelated.
 """
 
+from . import patterns  # noqa: F401 (registers the node patterns)
 from .nodes import fx_nodes
 
 __all__ = ["fx_nodes"]
