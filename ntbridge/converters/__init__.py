@@ -5,7 +5,7 @@ One file per module family (``linear``, ``conv``, ``activations``, ``structure``
 :mod:`.registry`; supporting a new module type is one small function decorated with
 :func:`register` (public as ``ntbridge.register_converter``). :func:`convert` reads
 ``nn.Sequential`` models module by module and traces others with torch.fx (:mod:`.trace`);
-:mod:`.export` translates any model's ``torch.export`` graph to JAX for its empirical kernels.
+:mod:`.export` translates any model's ``torch.export`` program to JAX for its empirical kernels.
 
 This package is the converters' one interface to the rest of ntbridge: :func:`convert` and
 :class:`Graph`, and what the request pipeline asks of a model and its inputs: the model an

@@ -1,6 +1,6 @@
-"""A translated ATen graph as a list of steps, the layer list the ``"structured"`` strategy runs.
+"""A translated ATen program as a list of steps, the layer list the ``"structured"`` strategy runs.
 
-Every node of the exported graph that depends on the model's input becomes a :class:`Step` (the
+Every node of the exported program that depends on the model's input becomes a :class:`Step` (the
 nodes that depend on weights alone, e.g. ``permute(weight, [1, 0])``, are recomputed inside the
 steps that read them, so a step's parameters are the model's own). Steps follow the protocol of a
 converted layer node (``inputs``, ``param_names``, ``key``, ``owner``, ``layer.apply_fn``,
@@ -45,7 +45,7 @@ class StepLayer(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One input-dependent node of the exported graph.
+    """One input-dependent node of the exported program.
 
     Attributes:
       index: position in the list; ``inputs`` index the steps feeding it (-1: the model's input).

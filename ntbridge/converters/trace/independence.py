@@ -1,4 +1,4 @@
-"""Which branches of a traced graph are uncorrelated, or independent, in the infinite-width limit:
+"""Which branches of a traced forward are uncorrelated, or independent, in the infinite-width limit:
 the kernels of sums, of concatenations along positions and of products depend on it.
 """
 
