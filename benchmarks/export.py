@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import ntbridge
-from ntbridge.converters.export import export, translate
+from ntbridge.converters.export.translator import export, translate
 from ntbridge.options import STRATEGIES
 from run import interleaved_times, row, torch_func_ntk
 

@@ -33,10 +33,8 @@ import torch
 from torch import nn
 
 from . import analytic, gradients
-from .converters import Graph, convert
-from .converters.attention import check_ids
-from .converters.graph_ops import pack
-from .converters.translated import TranslatedGraph, empirical_graph
+from .converters import Graph, check_ids, convert, empirical_graph, pack
+from .converters import Translation as TranslatedGraph
 from .devices import platform_of
 from .dlpack import (abstract, all_finite, check_device, check_has_data, kernel_dtype, model_dtype,
                      precision)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import ntbridge
-from ntbridge.converters import translated
+from ntbridge.converters.export import translation as translated
 from ntbridge.empirical.reinit import sample_seed
 from ntbridge.errors import UnsupportedLayerError
 

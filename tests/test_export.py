@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from ntbridge.converters import aten
-from ntbridge.converters.export import cache_key, translate
+from ntbridge.converters.export import aten
+from ntbridge.converters.export.translator import cache_key, translate
 from ntbridge.dlpack import precision, to_jax
 from ntbridge.empirical import empirical_ntk_fn
 from ntbridge.errors import ConversionError, UnsupportedLayerError

@@ -9,8 +9,8 @@ from torch import nn
 
 import ntbridge
 from ntbridge import errors, stax
-from ntbridge.converters import equivalents
-from ntbridge.converters.tracing import trace
+from ntbridge.converters.trace import equivalents
+from ntbridge.converters.trace.tracer import trace
 from ntbridge.dlpack import precision, to_jax, to_torch
 
 from montecarlo import assert_within_standard_error, sample_kernels

@@ -13,7 +13,7 @@ from torch import nn
 
 import ntbridge
 from ntbridge import pipeline, specs
-from ntbridge.converters import translated
+from ntbridge.converters.export import translation as translated
 from ntbridge.empirical import Initialisable, ModelGraph
 from ntbridge.errors import InputError, InputTypeError
 from ntbridge.tiling import distributed

@@ -1,20 +1,20 @@
-"""Converters of transformers' parts: ``nn.Embedding`` and ``nn.MultiheadAttention``
-(self-attention), as sequences ``(N, T, d)`` (encoder layers and stacks: :mod:`.encoder`); the
-checks of token ids and of the layout attention reads."""
+"""The converter of ``nn.MultiheadAttention`` (self-attention) on sequences ``(N, T, d)`` (encoder
+layers and stacks: :mod:`.encoder`; token embeddings: :mod:`.embedding`): its projections'
+standard deviations, the masks of a traced call (:class:`PaddingIds`) and the check of the layout
+it reads."""
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import torch
-from torch import nn
+from torch import fx, nn
 
 from .. import stax
-from ..errors import InputError, InputTypeError, UnsupportedLayerError
+from ..errors import UnsupportedLayerError
 from ..stax.attention import SelfAttention, Stds
-from ..stax.embedding import Embedding
-from .calls import PaddingIds
 from .registry import Context, register, rms
 
 # torch's initialisation of MultiheadAttention: xavier_uniform_ of in_proj_weight (3E, E), variance
@@ -22,26 +22,12 @@ from .registry import Context, register, rms
 TORCH_ATTENTION_STDS = (0.5 ** 0.5, 0.5 ** 0.5, 0.5 ** 0.5, 3 ** -0.5)
 
 
-@register(nn.Embedding)
-def _embedding(module: nn.Embedding, ctx: Context) -> stax.Layer:
-    if module.max_norm is not None:
-        raise UnsupportedLayerError("nn.Embedding(max_norm=...) renormalises its rows on use; "
-                                    "the analytic kernel has no rule for it (drop max_norm).")
-    o = ctx.options
-    std = 1.0 if o.init == "torch" else _rows_rms(module)  # torch's init: N(0, 1)
-    explicit = o.explicit(o.W_std, ctx.name)
-    std = std if explicit is None else float(explicit)
-    ctx.hyper = {"W_std": std}
-    return Embedding(module.num_embeddings, module.embedding_dim, W_std=std,
-                     padding_idx=module.padding_idx, parameterization=o.parameterization)
+class PaddingIds(NamedTuple):
+    """``ids == id`` of the model's input ``ids`` (the node ``ids``): a key padding mask, as a
+    traced call hands it to the converter (:mod:`.trace.calls`)."""
 
-
-def _rows_rms(module: nn.Embedding) -> float:
-    """The root mean square of the embedding's weights, the padding row left out."""
-    w = module.weight
-    if module.padding_idx is not None:
-        w = torch.cat([w[:module.padding_idx], w[module.padding_idx + 1:]])
-    return rms(w)
+    id: int
+    ids: fx.Node
 
 
 def _attention_stds(module: nn.MultiheadAttention, ctx: Context) -> Stds:
@@ -78,7 +64,7 @@ def additive_mask(mask, where: str) -> jnp.ndarray | None:
 
 def check_layout(batch_first: bool, ctx: Context, where: str) -> None:
     """The layout a module reads must be its input's: batch-first ``(N, T, E)``, or time-major
-    ``(T, N, E)`` after a transpose in ``forward`` (``ctx.call['time_major']``, :mod:`.layout`)."""
+    ``(T, N, E)`` after a transpose in ``forward`` (``ctx.call['time_major']``, :mod:`.trace.time_major`)."""
     time_major = bool((ctx.call or {}).get("time_major"))
     if batch_first == time_major:
         given, read = (("(T, N, E)", "batch_first=True") if time_major
@@ -128,30 +114,3 @@ def _attention(module: nn.MultiheadAttention, ctx: Context) -> stax.Layer:
                          parameterization=ctx.parameterization, mask=mask,
                          linear_scaling=ctx.options.attention == "linear", padding_id=padding_id,
                          rule=stax.Rule(points=ctx.options.attention_points))
-
-
-def id_readers(graph) -> list:
-    """The nodes of ``graph`` (a converted or translated model) reading token ids: nn.Embedding
-    modules fed by the model's input."""
-    return [n for n in getattr(graph, "layers", ())
-            if isinstance(getattr(n, "module", None), nn.Embedding) and n.inputs == (stax.INPUT,)]
-
-
-def check_ids(graph, x1: torch.Tensor, x2: torch.Tensor | None, empirical: bool) -> None:
-    """Token ids must be read by an ``nn.Embedding`` (analytic kernels) and within its range."""
-    readers = id_readers(graph)
-    if not readers:
-        if empirical:
-            return
-        raise InputTypeError(
-            f"x1 has dtype {x1.dtype} (token ids?), but the model does not read them with an "
-            f"nn.Embedding as its first module: pass floating-point inputs (x1.float()), or embed "
-            f"the ids first.")
-    n = readers[0]
-    for name, x in (("x1", x1), ("x2", x2)):
-        if x is not None and x.numel() and (int(x.min()) < 0
-                                            or int(x.max()) >= n.module.num_embeddings):
-            raise InputError(
-                f"{name} holds token ids from {int(x.min())} to {int(x.max())}, outside the range "
-                f"[0, {n.module.num_embeddings}) of {n.where}; map them into the vocabulary "
-                f"(e.g. an unknown-token id).")

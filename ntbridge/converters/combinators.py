@@ -1,4 +1,4 @@
-"""Modules standing for the combinations of a traced ``forward`` (:mod:`.fx`): sums, concatenations
+"""Modules standing for the combinations of a traced ``forward`` (:mod:`.trace`): sums, concatenations
 and scalings by constants, with their converters. A sum's rule refuses to run when its branches
 may be correlated (``Add.correlated`` says why), a concatenation's along positions too; their
 forward passes and empirical kernels still work.

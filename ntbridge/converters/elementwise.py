@@ -2,7 +2,7 @@
 by fx, and chains of them, converted as one nonlinearity of the tensor the chain starts from.
 
 A kernel rule needs a Gaussian input, and in ``torch.exp(-h ** 2)`` only the first function gets
-one: ``exp`` is applied to ``-h ** 2``. So :mod:`.fx` folds a chain of elementwise calls from one
+one: ``exp`` is applied to ``-h ** 2``. So :mod:`.trace` folds a chain of elementwise calls from one
 tensor into one :class:`Elementwise` module (here ``f(x) = exp(-x^2)`` applied to the Gaussian
 ``h``). A chain starts with a function of :data:`FUNCTIONS` or a positive integer power, and goes
 on through those and arithmetic with constant numbers (``-x``, ``2 * x``, ``x + 1``, ``x / 3``).

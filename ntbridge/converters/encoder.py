@@ -5,7 +5,7 @@ An encoder layer is one stax network of its submodules' layers and the residual 
 ``x = norm1(x + sa(x)); x = norm2(x + ff(x))``, or pre-norm ``x = x + sa(norm1(x)); x = x +
 ff(norm2(x))`` with ``norm_first``; ``ff = linear2(dropout(activation(linear1(x))))``), its
 parameters keyed by their qualified names within the module. The calls' masks come from
-``ctx.call`` (the keyword arguments of a traced call, see :mod:`.fx`). An encoder's layers that
+``ctx.call`` (the keyword arguments of a traced call, see :mod:`.trace`). An encoder's layers that
 hold equal weights (torch's deep copies of one layer) get the kernel of such copies
 (:mod:`ntbridge.stax.tied`).
 """
@@ -20,8 +20,7 @@ from torch import nn
 from .. import stax
 from ..errors import UnsupportedLayerError
 from ..stax.tied import Branch, Norm, tied
-from .attention import check_layout
-from .calls import PaddingIds
+from .attention import PaddingIds, check_layout
 from .functional import FUNCTIONS
 from .registry import Context, as_float, find_converter, register
 from .reuse import copies

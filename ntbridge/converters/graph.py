@@ -20,7 +20,7 @@ from ..stax import INPUT, Layer, dag
 from ..stax.covariances import evaluate
 from ..stax.kernel import swap_perm
 from ..tiling.arrays import symmetrize
-from .graph_ops import GraphFeatures
+from .aggregation import NodeFeatures
 from .registry import Context, Options, as_float, find_converter, init_mismatch, supported_types
 
 Params = dict[str, jax.Array]
@@ -218,8 +218,8 @@ class Graph:
     @property
     def graph_inputs(self) -> bool:
         """Whether ``forward`` takes node features and each example's graph, ``(x, adjacency)``:
-        the network then reads them packed into one array (:func:`~.graph_ops.pack`)."""
-        return any(isinstance(n.module, GraphFeatures) for n in self.layers)
+        the network then reads them packed into one array (:func:`~.aggregation.pack`)."""
+        return any(isinstance(n.module, NodeFeatures) for n in self.layers)
 
     @property
     def parameter_names(self) -> frozenset[str]:

@@ -1,7 +1,7 @@
 """Products of tensors in a traced ``forward`` (``a * b``, ``torch.mul(a, b)``, ``a.mul(b)``), e.g.
 the gates of GLU/SwiGLU blocks ``F.silu(fc1(x)) * fc2(x)``: the module standing for them and its
 converter, ``stax.FanInProd`` (the product of kernels), or a refusal naming why the factors may be
-dependent (:func:`~.independence.dependent` works it out from the graph).
+dependent (:func:`~.trace.independence.dependent` works it out from the converted nodes).
 """
 
 from __future__ import annotations

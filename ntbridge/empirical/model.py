@@ -1,6 +1,6 @@
 """What the empirical kernels need of a model's graph, as protocols: met by a converted
 :class:`ntbridge.Graph` (the layer registry) and by a
-:class:`~ntbridge.converters.translated.TranslatedGraph` (``torch.export``) alike.
+:class:`~ntbridge.converters.Translation` (``torch.export``) alike.
 
 Example:
     >>> isinstance(ntbridge.convert(model), Initialisable)

@@ -1,11 +1,11 @@
 """Functional calls in a traced ``forward`` as the module instances computing them
 (:func:`equivalent`): ``F.gelu(x, approximate=a)`` -> ``nn.GELU(a)`` as every activation's
-functional and method forms (:mod:`.functional`), ``x.view(x.size(0), -1)`` -> ``nn.Flatten()``,
-``F.interpolate`` -> ``nn.Upsample``, ``x.transpose(1, 2)`` -> :class:`~.structure.SwapLast`,
-``+`` -> :class:`~.combinators.Add`, ``torch.cat`` -> :class:`~.combinators.Concat`, products and
-quotients by constants -> :class:`~.combinators.Scale`, the product of two tensors ->
-:class:`~.products.Multiply`, indexing, reductions and stacks -> :mod:`.indexing`'s, ``h @ M`` ->
-:mod:`.graph_ops`'."""
+functional and method forms (:mod:`..functional`), ``x.view(x.size(0), -1)`` -> ``nn.Flatten()``,
+``F.interpolate`` -> ``nn.Upsample``, ``x.transpose(1, 2)`` -> :class:`~..structure.SwapLast`,
+``+`` -> :class:`~..combinators.Add`, ``torch.cat`` -> :class:`~..combinators.Concat`, products and
+quotients by constants -> :class:`~..combinators.Scale`, the product of two tensors ->
+:class:`~..products.Multiply`, indexing, reductions and stacks -> :mod:`..indexing`'s, ``h @ M`` ->
+:mod:`.adjacency`'s."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from ..errors import UnsupportedLayerError
-from . import graph_ops, indexing
-from .combinators import Add, Concat, Scale
-from .functional import FUNCTIONS, METHOD_FORMS, module_of
-from .products import Multiply
-from .structure import SwapLast
+from ...errors import UnsupportedLayerError
+from .. import indexing
+from ..combinators import Add, Concat, Scale
+from ..functional import FUNCTIONS, METHOD_FORMS, module_of
+from ..products import Multiply
+from ..structure import SwapLast
+from . import adjacency
 
 
 def _flatten(x, start_dim=0, end_dim=-1) -> nn.Module:
@@ -148,8 +149,8 @@ METHODS: dict = {
     "div": lambda x, c: _scale(x, c, divide=True),
 }
 BINARY_METHODS: dict = {"add": _add, "mul": _scale}
-OTHER_FUNCTIONS = {**indexing.FUNCTIONS, **graph_ops.FUNCTIONS}  # -> (module, input nodes)
-OTHER_METHODS = {**indexing.METHODS, **graph_ops.METHODS}
+OTHER_FUNCTIONS = {**indexing.FUNCTIONS, **adjacency.FUNCTIONS}  # -> (module, input nodes)
+OTHER_METHODS = {**indexing.METHODS, **adjacency.METHODS}
 
 CONCATS = (torch.cat, torch.concat, torch.concatenate)
 

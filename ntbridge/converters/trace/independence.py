@@ -1,4 +1,4 @@
-"""Which branches of a traced graph are uncorrelated, or independent, in the infinite-width limit:
+"""Which branches of a traced forward are uncorrelated, or independent, in the infinite-width limit:
 the kernels of sums, of concatenations along positions and of products depend on it.
 """
 
@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..stax import INPUT
-from .combinators import Add, Concat, Scale
-from .elementwise import Elementwise
-from .families import AVG_POOLS, CONVS, DROPOUTS, RESIZES
-from .functional import FORMS
-from .graph import Node
-from .graph_ops import Aggregate, InputAggregate
-from .indexing import Index, Reduce, Stack, Unsqueeze
-from .products import Multiply
-from .sequence import AddPositions, LearnedToken
-from .structure import SwapLast
+from ...stax import INPUT
+from ..aggregation import Aggregate, InputAggregate
+from ..combinators import Add, Concat, Scale
+from ..elementwise import Elementwise
+from ..families import AVG_POOLS, CONVS, DROPOUTS, RESIZES
+from ..functional import FORMS
+from ..graph import Node
+from ..indexing import Index, Reduce, Stack, Unsqueeze
+from ..positions import AddPositions, LearnedToken
+from ..products import Multiply
+from ..structure import SwapLast
 
 # fresh zero-mean weights: output zero-mean given input (attention ends in its out_proj; a
 # learned token is such a weight itself)

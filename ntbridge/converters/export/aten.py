@@ -1,4 +1,4 @@
-"""Core ATen operators as JAX functions: the table :mod:`.export` translates a graph with.
+"""Core ATen operators as JAX functions: the table :mod:`.translator` translates a program with.
 
 ``OPS`` maps an ATen operator (its overload packet, e.g. ``torch.ops.aten.add``: the overloads
 ``add.Tensor`` and ``add.Scalar`` share an entry) to a function taking the node's arguments as

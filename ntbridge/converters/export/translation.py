@@ -1,5 +1,5 @@
-"""The model of an empirical kernel: the layer registry's :class:`~.Graph` where it converts the
-model, else the model's translated ``torch.export`` graph (:mod:`.export`) as a graph.
+"""The model of an empirical kernel: the layer registry's :class:`~..graph.Graph` where it converts
+the model, else its ``torch.export`` translation (:mod:`.translator`) as a :class:`Translation`.
 
 The empirical kernels need a forward pass only, so a model that no converter covers (attention,
 recurrent layers, embeddings of token ids, custom forwards) or that torch.fx cannot trace is
@@ -8,7 +8,7 @@ never do: they need each layer's infinite-width rule.
 
 A translation is costly (seconds): it is kept in the program cache (:mod:`ntbridge.programs`) per
 model, input shape and dtype, and each request reads the model's current weights into it
-(:meth:`~.export.Translated.with_weights`).
+(:meth:`~.translator.Translated.with_weights`).
 
 Example:
     >>> graph = empirical_graph(nn.TransformerEncoder(layer, 2).eval(), x, {})
@@ -22,25 +22,25 @@ import jax
 import torch
 from torch import nn
 
-from .. import programs
-from ..errors import ConversionError, InputTypeError, UnsupportedLayerError
-from . import convert
+from ... import programs
+from ...errors import ConversionError, InputTypeError, UnsupportedLayerError
+from ..conversion import convert
+from ..embedding import id_readers
+from ..families import BATCH_NORMS, DROPOUTS
+from ..graph import Graph
 from .aten import jax_dtype
-from .attention import id_readers
-from .export import Translated, cache_key, translate
-from .families import BATCH_NORMS, DROPOUTS
-from .graph import Graph
-from .steps import Step, graph_steps
+from .steps import Step, program_steps
+from .translator import Translated, cache_key, translate
 
 
-class TranslatedGraph:
-    """A translated model seen as a graph by the empirical kernels.
+class Translation:
+    """A translated model as the empirical kernels see it (a :class:`~..graph.Graph`'s protocol).
 
     Attributes:
-      path: ``"torch.export"`` (a converted :class:`~.Graph`'s is ``"layers"``).
+      path: ``"torch.export"`` (a converted :class:`~..graph.Graph`'s is ``"layers"``).
       params: the model's parameters and the buffers and constants its forward reads, by name.
       parameter_names: the names in ``params`` that are parameters (what kernels differentiate).
-      layers: the graph's :class:`~.steps.Step` s (for the ``"structured"`` strategy).
+      layers: the translation's :class:`~.steps.Step` s (for the ``"structured"`` strategy).
       apply_fn: ``apply_fn(params, x) -> model(x)`` in eval mode, ``x`` of any batch size.
       signature: what fixes the function, for program keys.
       tensors: the torch parameters and buffers ``params`` were read from, by name.
@@ -58,7 +58,7 @@ class TranslatedGraph:
         self._input_dtype = jax_dtype(input_dtype)
 
     def __repr__(self) -> str:
-        return (f"TranslatedGraph({len(self.layers)} steps, {len(self.parameter_names)} parameters, "
+        return (f"Translation({len(self.layers)} steps, {len(self.parameter_names)} parameters, "
                 f"path='torch.export')")
 
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -69,8 +69,8 @@ class TranslatedGraph:
 
 
 def empirical_graph(model: nn.Module, x1: torch.Tensor, conversion: dict,
-                    weights: nn.Module | None = None) -> Graph | TranslatedGraph:
-    """The graph an empirical kernel of ``model`` on inputs like ``x1`` runs (see the module doc).
+                    weights: nn.Module | None = None) -> Graph | Translation:
+    """The model an empirical kernel of ``model`` on inputs like ``x1`` runs (see the module doc).
 
     Args:
       model: the torch model (its architecture).
@@ -99,7 +99,7 @@ def empirical_graph(model: nn.Module, x1: torch.Tensor, conversion: dict,
     check_eval_mode(model)
     translated, steps = programs.cached(entry, lambda: _translation(model, x1))
     tensors = {**dict(weights.named_parameters()), **dict(weights.named_buffers())}
-    return TranslatedGraph(translated.with_weights(weights), steps, ("torch.export", key), x1.dtype,
+    return Translation(translated.with_weights(weights), steps, ("torch.export", key), x1.dtype,
                            tensors)
 
 
@@ -107,7 +107,7 @@ def _translation(model: nn.Module, x1: torch.Tensor) -> tuple[Translated, tuple[
     if not x1.is_floating_point():
         _check_takes_indices(model, x1)
     translated = translate(model, x1)
-    return translated, graph_steps(translated.program)
+    return translated, program_steps(translated.program)
 
 
 def _check_takes_indices(model: nn.Module, ids: torch.Tensor) -> None:

@@ -1,34 +1,27 @@
-"""The calls of transformer modules in a traced ``forward`` (:mod:`.fx`): self-attention's and
-encoders' arguments, and their output. (Positions added to a sequence are :mod:`.sequence`'s.)
+"""The calls of transformer modules in a traced ``forward``: self-attention's and encoders'
+arguments, and their output. (Positions added to a sequence are :mod:`.positions`'.)
 
 ``attn(x, x, x, attn_mask=self.mask, need_weights=False)[0]`` becomes one node fed by ``x``, its
 other arguments handed to the converter (``Context.call``); a mask must be a tensor of the model
 (a buffer, or a parameter) rather than one computed in ``forward``, except a key padding mask made
 of the model's token ids, ``key_padding_mask=(ids == pad)``: the node is then fed by ``x`` and the
-ids, and the converter gets :class:`PaddingIds`.
+ids, and the converter gets :class:`~..attention.PaddingIds`.
 """
 
 from __future__ import annotations
 
 import inspect
 import operator
-from typing import NamedTuple
 
 import torch
 from torch import fx, nn
 
-from ..errors import UnsupportedLayerError
+from ...errors import UnsupportedLayerError
+from ..attention import PaddingIds
 
 ATTENTION_MODULES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 _TENSOR_ARGS = {nn.MultiheadAttention: ("query", "key", "value"),
                 nn.TransformerEncoderLayer: ("src",), nn.TransformerEncoder: ("src",)}
-
-
-class PaddingIds(NamedTuple):
-    """``ids == id`` of the model's input ``ids`` (the node ``ids``): a key padding mask."""
-
-    id: int
-    ids: fx.Node
 
 
 def padding_ids(node: fx.Node) -> PaddingIds | None:

@@ -10,8 +10,8 @@ from typing import Callable
 import torch
 from torch import fx, nn
 
-from ..errors import ConversionError
-from .registry import find_converter
+from ...errors import ConversionError
+from ..registry import find_converter
 
 _SCOPE = "ntbridge_scope"  # node.meta key: (qualified name, type name) of the enclosing module
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
-from ..errors import UnsupportedLayerError
+from ...errors import UnsupportedLayerError
+from ..combinators import Add, Scale
+from ..elementwise import Elementwise
+from ..indexing import Index, Reduce
+from ..products import Multiply
 from .calls import ATTENTION_MODULES
-from .combinators import Add, Scale
-from .elementwise import Elementwise
 from .equivalents import as_sizes
-from .indexing import Index, Reduce
-from .products import Multiply
 
 _NOT_PER_TOKEN = (nn.Softmax, nn.LogSoftmax, nn.Softmin, nn.Softmax2d, nn.PReLU,
                   nn.MultiheadAttention)

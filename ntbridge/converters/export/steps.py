@@ -1,6 +1,6 @@
-"""A translated ATen graph as a list of steps, the layer list the ``"structured"`` strategy runs.
+"""A translated ATen program as a list of steps, the layer list the ``"structured"`` strategy runs.
 
-Every node of the exported graph that depends on the model's input becomes a :class:`Step` (the
+Every node of the exported program that depends on the model's input becomes a :class:`Step` (the
 nodes that depend on weights alone, e.g. ``permute(weight, [1, 0])``, are recomputed inside the
 steps that read them, so a step's parameters are the model's own). Steps follow the protocol of a
 converted layer node (``inputs``, ``param_names``, ``key``, ``owner``, ``layer.apply_fn``,
@@ -11,7 +11,7 @@ input and output lead with the batch axis declares the outer-product structure o
 every time step) is shared: the structured strategy leaves it to Jacobians.
 
 Example:
-    >>> steps = graph_steps(translate(model, x).program)
+    >>> steps = program_steps(translate(model, x).program)
     >>> [s.name for s in steps if s.layer.structure]     # the modules whose weights are structured
     ['head']
 """
@@ -27,9 +27,9 @@ from torch import fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from .. import stax
-from ..stax import Outer
-from .export import call_node
+from ... import stax
+from ...stax import Outer
+from .translator import call_node
 
 aten = torch.ops.aten
 
@@ -45,7 +45,7 @@ class StepLayer(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One input-dependent node of the exported graph.
+    """One input-dependent node of the exported program.
 
     Attributes:
       index: position in the list; ``inputs`` index the steps feeding it (-1: the model's input).
@@ -70,7 +70,7 @@ class Step:
         return param.rpartition(".")[0]
 
 
-def graph_steps(program: ExportedProgram) -> tuple[Step, ...]:
+def program_steps(program: ExportedProgram) -> tuple[Step, ...]:
     """The steps computing ``program``'s user output, in order, the output's step last."""
     graph_module = program.graph_module
     nodes = list(graph_module.graph.nodes)

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import jax.numpy as jnp
 from jax import lax
 
-from ..errors import UnsupportedLayerError
+from ...errors import UnsupportedLayerError
 
 _HIGHEST = lax.Precision.HIGHEST
 

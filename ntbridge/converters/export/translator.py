@@ -1,4 +1,4 @@
-"""Any torch model's forward as a pure JAX function: its ``torch.export`` graph, translated.
+"""Any torch model's forward as a pure JAX function: its ``torch.export`` program, translated.
 
 The empirical kernels need nothing but the forward pass, which JAX differentiates. Models that no
 converter covers (attention, recurrent layers, embeddings of token ids, custom forwards with
@@ -34,8 +34,8 @@ from torch import fx, nn
 from torch.export import Dim, ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from ..dlpack import model_dtype, precision, to_jax
-from ..errors import ConversionError, InputError, InputTypeError, UnsupportedLayerError
+from ...dlpack import model_dtype, precision, to_jax
+from ...errors import ConversionError, InputError, InputTypeError, UnsupportedLayerError
 from .aten import OPS, jax_dtype
 
 Variables = dict[str, jax.Array]
@@ -55,7 +55,7 @@ class Translated:
         ``model(x)`` in eval mode.
       params: the model's parameters, keyed as in ``model.named_parameters()`` (zero-copy views).
       state: the buffers (e.g. BatchNorm's running statistics, keyed as in
-        ``model.named_buffers()``) and tensor constants of ``forward`` that the graph reads; what
+        ``model.named_buffers()``) and tensor constants of ``forward`` that the program reads; what
         the kernels do not differentiate.
       program: the exported, decomposed program the function was translated from.
     """
@@ -89,7 +89,7 @@ def cache_key(model: nn.Module, example: torch.Tensor) -> tuple:
 
 
 def translate(model: nn.Module, example: torch.Tensor) -> Translated:
-    """Export ``model`` (eval mode, dynamic batch axis) and translate its graph into JAX.
+    """Export ``model`` (eval mode, dynamic batch axis) and translate its program into JAX.
 
     Args:
       model: any ``nn.Module`` whose ``forward(x)`` returns one tensor and that ``torch.export``
@@ -102,7 +102,7 @@ def translate(model: nn.Module, example: torch.Tensor) -> Translated:
 
     Raises:
       ConversionError: torch.export cannot export the model (quoting torch's reason).
-      UnsupportedLayerError: the graph has an operator without a JAX translation (naming it and
+      UnsupportedLayerError: the program has an operator without a JAX translation (naming it and
         the module it comes from).
 
     Example:
@@ -145,7 +145,7 @@ def export(model: nn.Module, example: torch.Tensor) -> ExportedProgram:
 # ------------------------------------------------------------ weights
 
 def _arrays(program: ExportedProgram, model: nn.Module) -> dict[str, Variables]:
-    """``{"params": ..., "state": ...}``: the tensors the graph reads, as JAX arrays (zero-copy views
+    """``{"params": ..., "state": ...}``: the tensors the program reads, as JAX arrays (zero-copy views
     where the layout allows; int64 constants become int32 unless x64 is on)."""
     tensors = {**dict(model.named_parameters(remove_duplicate=False)),
                **dict(model.named_buffers(remove_duplicate=False)), **program.constants}
@@ -177,7 +177,7 @@ def _reason(e: Exception) -> str:
     return reason + (f" (at {' '.join(call.group(1).split())})" if call else "")
 
 
-# ------------------------------------------------------------ the graph
+# ------------------------------------------------------------ the program
 
 def _apply_fn(program: ExportedProgram) -> Callable[[Variables, jax.Array], jax.Array]:
     signature = program.graph_signature
@@ -230,8 +230,9 @@ def call_node(node: fx.Node, args, kwargs):
     else:
         raise UnsupportedLayerError(
             f"the operator {target} of {_where(node)} has no JAX translation. Compute it with "
-            f"supported operators, or add one: ntbridge.converters.aten.OPS[torch.ops.aten.<name>] "
-            f"= a JAX function of the operator's arguments.")
+            f"supported operators, or add one: "
+            f"ntbridge.converters.export.aten.OPS[torch.ops.aten.<name>] = a JAX function of the "
+            f"operator's arguments.")
     try:
         return fn(*args, **kwargs)
     except UnsupportedLayerError as e:

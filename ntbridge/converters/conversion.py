@@ -1,0 +1,112 @@
+""":func:`convert`: a torch model -> a :class:`~.graph.Graph`, module by module through the registry.
+
+``nn.Sequential`` models (nested to any depth) are read module by module; other models are traced
+with torch.fx (:mod:`.trace`), which also handles residual sums, concatenations and functional
+calls. Importing this module registers the converters of every family.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from ..dlpack import model_dtype
+from ..errors import InputError, InputTypeError
+from ..stax.description import describe
+from . import (activations, aggregation, attention, conv, embedding, encoder,  # noqa: F401
+               indexing, linear, normalization, pooling, positions, products,  # (converters)
+               resize, structure)
+from .graph import Graph, Node, make_node
+from .registry import ATTENTION_POINTS, Options, StdOption, as_float, find_converter
+from .reuse import check_reuse, children
+from .trace import fx_nodes
+
+
+def _leaves(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
+    """The leaf modules of nested ``nn.Sequential`` containers, with their qualified names."""
+    if isinstance(module, nn.Sequential):
+        for name, child in children(module):
+            yield from _leaves(child, f"{prefix}.{name}" if prefix else name)
+    else:
+        yield prefix, module
+
+
+def _is_user_container(module: nn.Module) -> bool:
+    """A user's module with no converter: its forward must be traced."""
+    return find_converter(module) is None and not type(module).__module__.startswith("torch.")
+
+
+def _check_uniform(model: nn.Module) -> None:
+    """All floating parameters and buffers share one dtype and device."""
+    kinds: dict[tuple, str] = {}
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_floating_point():
+            kinds.setdefault((str(t.dtype), str(t.device)), name)
+    if len(kinds) > 1:
+        found = ", ".join(f"'{name}' is {dtype} on {device}" for (dtype, device), name in kinds.items())
+        raise InputError(f"the model's parameters have several dtypes/devices ({found}); move them "
+                         f"to one, e.g. model.to(torch.float32) or model.to('cpu').")
+
+
+def convert(model: nn.Module, *, parameterization: str = "standard", init: str = "torch",
+            W_std: StdOption = None, b_std: StdOption = None, attention: str = "softmax",
+            attention_points: int = ATTENTION_POINTS, shared_weights: str = "auto") -> Graph:
+    """Translate ``model`` into a :class:`Graph` (``init_fn``, ``apply_fn``, ``kernel_fn``, ``params``).
+
+    Args:
+      model: an ``nn.Sequential`` (nested to any depth) of supported modules, one such module, or
+        any model torch.fx can trace whose leaf modules and functional calls are supported
+        (residual sums ``h + f(h)``, ``torch.cat(..., dim=1)``, ``F.relu``, ``x.flatten(1)``...).
+      parameterization: ``"standard"`` (torch's; the NTK uses the model's actual widths) or
+        ``"ntk"`` (the width-independent NTK limit).
+      init: ``"torch"`` (the variance of torch's default init of each module; the analytic kernel
+        warns with ``InitMismatchWarning`` if the weights clearly do not follow it) or ``"infer"``
+        (read from the current weights).
+      W_std, b_std: explicit standard deviations, a float for every layer or a mapping from
+        qualified module names (as in ``model.named_modules()``) to floats; scalar torch tensors
+        work as floats, and the analytic kernels are differentiable in those that require grad.
+      attention: ``"softmax"`` (torch's attention, logits ``q k / sqrt(d)``: the kernel's
+        expectation is computed numerically, ``ntbridge.stax.attention``) or ``"linear"`` (Neural
+        Tangents' closed-form variant: keys tied to queries, logits ``q q / d``).
+      attention_points: the points of each of the 8 replicates of softmax attention's numerical
+        expectation (a power of 2): its error falls about as ``points**-1/2`` and its time grows
+        as ``points`` (``ntbridge.expectation_error`` reports the error).
+      shared_weights: ``"auto"`` (the kernel of the model as torch initialises it: an
+        ``nn.TransformerEncoder`` whose layers hold equal weights, torch's deep copies of one
+        layer, gets the kernel of layers sharing one set of weights, ``ntbridge.stax.tied``;
+        other reuse of weights is refused) or ``"independent"`` (every module's weights drawn
+        independently: the kernel of re-initialised layers).
+
+    Example:
+        >>> g = ntbridge.convert(nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 1)))
+        >>> [n.name for n in g.layers]
+        ['0', '1', '2']
+    """
+    if not isinstance(model, nn.Module):
+        raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    _check_uniform(model)
+    options = Options(parameterization, init, W_std, b_std, attention, attention_points,
+                      shared_weights)
+    leaves = list(_leaves(model))
+    if any(_is_user_container(module) for _, module in leaves):
+        nodes = fx_nodes(model, options)
+    else:
+        nodes = [make_node(i, name, module, (i - 1,), options)
+                 for i, (name, module) in enumerate(leaves)]
+    options.check_names([n.name for n in nodes if "W_std" in n.hyper])
+    if options.shared_weights == "auto":
+        check_reuse(nodes)
+    return Graph(nodes, model_dtype(model), _signature(options, nodes, True),
+                 _signature(options, nodes, False))
+
+
+def _signature(options: Options, nodes: list[Node], values: bool) -> tuple:
+    """What fixes the converted model (see :class:`Graph`): each layer's whole description
+    (:func:`~ntbridge.stax.description.describe`, with or without the ``values`` of its declared
+    hyper-parameters), its parameters' names and its inputs."""
+    hyper = lambda n: tuple(sorted((k, as_float(v) if isinstance(v, torch.Tensor) else v)
+                                   for k, v in n.hyper.items() if values or k not in n.layer.hyper))
+    return options.parameterization, options.attention, options.attention_points, tuple(
+        (n.name, describe(n.layer, values), hyper(n), n.param_names, n.inputs) for n in nodes)

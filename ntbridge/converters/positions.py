@@ -1,0 +1,79 @@
+"""Positional embeddings added to a sequence and learned tokens joining it (a ViT's class token):
+the modules standing for them and their converters (``stax.embedding``'s ``Positions``,
+``Token``). The traced spellings that make them are :mod:`.trace.positions`'.
+
+``P`` is a parameter of the model, ``(L, d)`` or ``(1, L, d)``, added whole or by its first T rows
+(:class:`AddPositions`); a learned token is a parameter ``(1, 1, d)`` expanded to the batch
+(:class:`LearnedToken`), then concatenated with the tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import stax
+from ..stax.embedding import Positions, Token
+from .registry import Context, register, rms
+
+
+class AddPositions(nn.Module):
+    """``x + P`` for the model's parameter ``P`` ``(L, d)`` or ``(1, L, d)``, registered here under
+    its own attribute name ``name`` (so that its qualified name stays the model's); with
+    ``prefix``, ``x + P[..., :T, :]`` for sequences of ``T <= L`` tokens. ``init_std``: the
+    standard deviation torch's init gives ``P`` (an ``nn.Embedding``'s: 1), None for a bare
+    parameter."""
+
+    def __init__(self, name: str, parameter: nn.Parameter, prefix: bool = False,
+                 init_std: float | None = None):
+        super().__init__()
+        self.name, self.prefix, self.init_std = name, prefix, init_std
+        self.register_parameter(name, parameter)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + getattr(self, self.name)[..., :x.shape[1], :]
+
+    def extra_repr(self) -> str:
+        rows = "[:T]" if self.prefix else ""
+        return f"{self.name}{rows}: {tuple(getattr(self, self.name).shape)}"
+
+
+class LearnedToken(nn.Module):
+    """``P.expand(N, -1, -1)`` for the model's parameter ``P`` ``(1, 1, d)`` and the ``N`` examples
+    of ``x``, registered here under its own attribute name ``name``."""
+
+    def __init__(self, name: str, parameter: nn.Parameter):
+        super().__init__()
+        self.name, self.init_std = name, None
+        self.register_parameter(name, parameter)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, self.name).expand(x.shape[0], -1, -1)
+
+
+def _std(module: AddPositions | LearnedToken, ctx: Context) -> float:
+    """The standard deviation of the module's parameter's entries: the explicit ``W_std``, that
+    of torch's init, or (a bare parameter has no default init) read from the values."""
+    o = ctx.options
+    explicit = o.explicit(o.W_std, ctx.name)
+    if explicit is not None:
+        std = float(explicit)
+    elif module.init_std is not None and o.init == "torch":
+        std = module.init_std
+    else:
+        std = rms(getattr(module, module.name))
+    ctx.hyper = {"W_std": std}
+    return std
+
+
+@register(LearnedToken)
+def _token(module: LearnedToken, ctx: Context) -> stax.Layer:
+    return Token(getattr(module, module.name).shape[-1], std=_std(module, ctx),
+                 parameterization=ctx.options.parameterization, name=module.name)
+
+
+@register(AddPositions)
+def _positions(module: AddPositions, ctx: Context) -> stax.Layer:
+    p, o, std = getattr(module, module.name), ctx.options, _std(module, ctx)
+    return Positions(p.shape[-2], p.shape[-1], std=std, batched=p.ndim == 3,
+                     parameterization=o.parameterization, name=module.name, prefix=module.prefix)

@@ -1,0 +1,71 @@
+"""Adjacency matrices in a traced ``forward`` (graph networks): ``h @ M`` of a constant matrix of the
+model, and the products of ``forward(x, adjacency)``'s second input; the modules standing for
+them are :mod:`..aggregation`'s, which says what each computes.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+
+from ...errors import ConversionError, UnsupportedLayerError
+from ..aggregation import Aggregate, InputAggregate
+
+
+def adjacency_view(node: fx.Node, adjacencies: dict[fx.Node, bool]) -> bool | None:
+    """When ``node`` transposes the adjacency input (or a transpose of it; ``adjacencies``: those
+    seen so far, each with whether it is transposed), whether the result is transposed; None
+    otherwise."""
+    if not node.args or node.args[0] not in adjacencies:
+        return None
+    rest = tuple(node.args[1:]) + tuple(node.kwargs.values())
+    swaps = {(1, 2), (2, 1), (-1, -2), (-2, -1), (1, -1), (-1, 1), (-2, 2), (2, -2)}
+    if ((node.op == "call_method" and node.target == "transpose" and rest in swaps)
+            or (node.op == "call_function" and node.target is torch.transpose and rest in swaps)
+            or (node.op == "call_method" and node.target == "permute"
+                and rest in {(0, 2, 1), ((0, 2, 1),)})
+            or (node.op == "call_function" and node.target is getattr and rest == ("mT",))):
+        return not adjacencies[node.args[0]]
+    return None
+
+
+def input_aggregation(node: fx.Node, adjacencies: dict[fx.Node, bool]) -> tuple | None:
+    """``(InputAggregate, h)`` when ``node`` is ``h @ M`` with ``M`` the adjacency input or its
+    transpose; None when it does not use the adjacency; any other use is refused."""
+    if not any(a in adjacencies for a in node.all_input_nodes):
+        return None
+    products = {operator.matmul, torch.matmul, torch.bmm}
+    if not ((node.op == "call_function" and node.target in products)
+            or (node.op == "call_method" and node.target in ("matmul", "bmm"))):
+        second = next(iter(adjacencies)).name
+        raise ConversionError(
+            f"{node.name} ({getattr(node.target, '__name__', node.target)}) computes with "
+            f"forward's second input '{second}'. ntbridge models take one tensor, forward(x), or "
+            f"node features and each example's graph, forward(x, adjacency), whose adjacency "
+            f"enters only through products h @ adjacency.transpose(1, 2) (or h @ adjacency): "
+            f"normalise it before passing it.")
+    h, m = node.args[:2]
+    if m not in adjacencies or h in adjacencies or node.kwargs:
+        raise UnsupportedLayerError(
+            f"{node.name}: nodes lie along the last axis of the features (N, C, V), so each "
+            f"example's graph aggregates them as h @ adjacency.transpose(1, 2), not "
+            f"adjacency @ h.")
+    return InputAggregate(transposed=not adjacencies[m]), h
+
+
+def _matmul(h, m, *, out=None):
+    if isinstance(m, fx.Node) or not isinstance(h, fx.Node) or out is not None:
+        raise UnsupportedLayerError(
+            "only h @ M with a constant matrix M of the model (a buffer: the graph's adjacency "
+            "transposed) or with each example's adjacency given to forward has a kernel rule: "
+            "nodes lie along h's last axis (N, C, V), so write h @ self.adjacency.T rather than "
+            "adjacency @ h.")
+    if not isinstance(m, torch.Tensor) or m.ndim != 2:
+        raise UnsupportedLayerError(f"h @ M needs a constant matrix M, got {m!r}.")
+    return Aggregate(m.T), [h]
+
+
+FUNCTIONS = {operator.matmul: _matmul, torch.matmul: _matmul}
+METHODS = {"matmul": _matmul}
