@@ -38,20 +38,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .converters import convert
-from .converters.activations import TWINS
-from .converters.combinators import Add, Scale
-from .converters.elementwise import Elementwise
-from .converters.families import AVG_POOLS, DROPOUTS
-from .converters.graph import Node
-from .converters.indexing import Reduce
-from .converters.registry import as_float
-from .dlpack import check_has_data
-from .errors import AccuracyWarning, InputError, ShapeError, UnsupportedLayerError, warn
-from .pipeline import validate
-from .results import Kernels
-from .specs import KERNEL_NAMES
-from .stax import INPUT
+from ..converters import convert
+from ..converters.activations import TWINS
+from ..converters.combinators import Add, Scale
+from ..converters.elementwise import Elementwise
+from ..converters.families import AVG_POOLS, DROPOUTS
+from ..converters.graph import Node
+from ..converters.indexing import Reduce
+from ..converters.registry import as_float
+from ..dlpack import check_has_data
+from ..errors import AccuracyWarning, InputError, ShapeError, UnsupportedLayerError, warn
+from ..pipeline import validate
+from ..results import Kernels
+from ..specs import KERNEL_NAMES
+from ..stax import INPUT
 
 ACTIVATIONS = (nn.ReLU, nn.LeakyReLU, nn.RReLU, nn.GELU, Elementwise, *TWINS)
 POSITION_MAPS = (nn.Flatten, nn.Identity, Reduce, Scale, Add, *AVG_POOLS, *DROPOUTS)
