@@ -30,7 +30,7 @@ _EXPORTS = {  # public name -> (module, attribute)
     "monte_carlo": ("api", "monte_carlo"), "nngp": ("api", "nngp"), "ntk": ("api", "ntk"),
     "Graph": ("converters", "Graph"), "Kernels": ("results", "Kernels"),
     "convert": ("converters", "convert"), "register_converter": ("converters", "register"),
-    "features": ("random_features", "features"), "nystrom_features": ("nystrom", "nystrom_features"),
+    "features": ("gp.features", "features"), "nystrom_features": ("gp.nystrom", "nystrom_features"),
     "linearize": ("dynamics", "linearize"), "taylor_expand": ("dynamics", "taylor_expand"),
 }
 _MODULES = ("analysis", "dynamics", "errors", "predict", "programs", "stax", "testing", "tiling")
@@ -44,8 +44,8 @@ if TYPE_CHECKING:  # what the lazy imports bind, for type checkers and editors
     from .converters import Graph, convert  # noqa: F401
     from .converters import register as register_converter  # noqa: F401
     from .dynamics import linearize, taylor_expand  # noqa: F401
-    from .nystrom import nystrom_features  # noqa: F401
-    from .random_features import features  # noqa: F401
+    from .gp.features import features  # noqa: F401
+    from .gp.nystrom import nystrom_features  # noqa: F401
     from .results import Estimate, Kernels  # noqa: F401
 
 

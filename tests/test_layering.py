@@ -19,8 +19,8 @@ LAYERS = [
     ("analytic", "empirical", "gradients"),
     ("pipeline",),
     ("api",),
-    ("dynamics", "predict", "gpytorch", "random_features", "nystrom"),
-    ("analysis", "files", "testing"),
+    ("dynamics", "predict", "gp"),
+    ("analysis", "files", "gpytorch", "testing"),
     ("cli",),
     ("__init__",),
 ]

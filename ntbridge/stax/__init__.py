@@ -1,7 +1,8 @@
 """ntbridge's infinite-width kernel core: stax-style layers ``(init_fn, apply_fn, kernel_fn)``.
 
 Layers use torch's layout (channels first) and torch's semantics; ``kernel_fn`` maps the
-:class:`Kernel` of a layer's inputs to that of its outputs (Neural Tangents' mathematics).
+:class:`Kernel` of a layer's inputs to that of its outputs (Neural Tangents' mathematics); a layer
+may also declare a random-feature map beside its kernel rule (``Layer.features``, :mod:`.features`).
 """
 
 from .activations import (ABRelu, Abs, Cos, Erf, Exp, Gelu, LeakyRelu, Numerical, RectifiedMonomial,

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from ..errors import InputError, UnsupportedLayerError
 from .arccos import (SelfRule, ab_relu_rule, ab_relu_self_rule, rectified_monomial_rule,
                      rectified_monomial_self_rule, sign_rule, sign_self_rule)
+from .features import elementwise_features
 from .kernel import Kernel, variances
 from .layers import Layer
 from .piecewise import Pieces, piecewise_rule, quadrature_rule
@@ -60,7 +61,8 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
             nngp=nngp, ntk=None if k.ntk is None else k.ntk * dot, cov1=cov1,
             cov2=cov1 if k.x1_is_x2 else covariance(k.cov2, "cov2"), is_gaussian=False)
 
-    return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: fn(x), kernel_fn)
+    return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: fn(x), kernel_fn,
+                 features=elementwise_features(fn))
 
 
 def numerical_rule(fn: Callable[[jax.Array], jax.Array], kinks: Sequence[float] = (),

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
+from .features import linear_features
 from .kernel import Kernel, spatial_axes
 from .layers import Layer, with_hyper
 
@@ -179,7 +180,8 @@ def FanInSum() -> Layer:
         same_shapes([k.shape1 for k in ks])
         return _combine(ks, [1.0] * len(ks), all(k.is_gaussian for k in ks))
 
-    return Layer(init_fn, lambda params, xs: sum(xs[1:], xs[0]), kernel_fn, affine=True)
+    apply_fn = lambda params, xs: sum(xs[1:], xs[0])
+    return Layer(init_fn, apply_fn, kernel_fn, affine=True, features=linear_features(apply_fn))
 
 
 def _join_positions(arrays: Sequence[jax.Array], n_batch: int, d: int, sizes: Sequence[int],
@@ -261,5 +263,6 @@ def Scale(c: float) -> Layer:
         s = lambda v: None if v is None else c * c * v
         return k.replace(nngp=s(k.nngp), ntk=s(k.ntk), cov1=s(k.cov1), cov2=s(k.cov2))
 
-    return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: c * x, kernel_fn,
-                 affine=True)
+    apply_fn = lambda params, x: c * x
+    return Layer(lambda key, shape: (tuple(shape), {}), apply_fn, kernel_fn, affine=True,
+                 features=linear_features(apply_fn))

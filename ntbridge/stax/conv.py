@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InputError, ShapeError
+from .features import Features, affine_features, refused
 from .kernel import Kernel, map_arrays, spatial_axes
 from .layers import Layer, Outer, _sample, affine_hyper, affine_ntk, channels_first
 
@@ -255,4 +256,25 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
         return {**outer, "bias": Outer(None, rows)} if has_bias else outer
 
     return channels_first(Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True,
-                                hyper=hyper))
+                                hyper=hyper, features=conv_features(
+                                    kernel_size, stride, pads, dilation, mode, fan_in, hyper,
+                                    parameterization)))
+
+
+def conv_features(kernel_size: tuple[int, ...], stride: tuple[int, ...], pads: Pads,
+                  dilation: tuple[int, ...], mode: str, fan_in: int, hyper: dict[str, float],
+                  parameterization: str) -> Features:
+    """The feature map of :func:`Conv` (``stax.features``): channels ``(N, C, *S)`` through
+    weights ``(F, C, *kernel_size)`` as the convolution maps its input (groups do not change the
+    infinite-width kernel, so the features use one group), for zero padding only."""
+    if mode != "constant":
+        return refused("no random-features rule (features cover Linear and Conv1d/2d/3d with "
+                       "zero padding); use ntbridge.kernel.")
+    size = math.prod(kernel_size)
+
+    def project(h, g):
+        return jax.lax.conv_general_dilated(h, g / math.sqrt(h.shape[1] * size), stride, pads,
+                                            rhs_dilation=dilation,
+                                            precision=jax.lax.Precision.HIGHEST)
+
+    return affine_features(project, kernel_size, fan_in, hyper, parameterization)

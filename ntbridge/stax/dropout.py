@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..errors import UnsupportedLayerError
+from .features import refused
 from .kernel import Kernel
 from .layers import Layer
 
@@ -54,4 +55,5 @@ def Dropout(p: float, channelwise: bool = False, name: str = "Dropout") -> Layer
         return k.replace(nngp=diagonal(k.nngp), ntk=None if k.ntk is None else diagonal(k.ntk),
                          cov1=scale(k.cov1, False), cov2=scale(k.cov2, False), is_gaussian=False)
 
-    return Layer(lambda key, shape: (tuple(shape), {}), apply_fn, kernel_fn, pairwise=False)
+    return Layer(lambda key, shape: (tuple(shape), {}), apply_fn, kernel_fn, pairwise=False,
+                 features=refused("dropout in training mode; call model.eval()."))

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
 from .combinators import concat_kernels, same_shapes
+from .features import Channels, Sampler, linear_features
 from .kernel import Kernel, map_arrays
 from .layers import Layer, channels_first
 from .pooling import separable_linear
@@ -184,9 +185,18 @@ def Reduce(dims: Sequence[int], keepdim: bool = False, mean: bool = True,
     # every pair of positions. keepdim=True over dim 1 alone is a channel mean (N, 1, *S), which
     # mixes no positions.
     reduce = jnp.mean if mean else jnp.sum
-    return Layer(lambda _, shape: (out_shape(shape), {}),
-                 lambda params, x: reduce(x, axis=tuple(axes(x.shape)), keepdims=keepdim),
-                 kernel_fn, full_spatial=not keepdim or any(d != 1 for d in dims), affine=True)
+    apply_fn = lambda params, x: reduce(x, axis=tuple(axes(x.shape)), keepdims=keepdim)
+    linear = linear_features(apply_fn)
+
+    def features(c: Channels, sampler: Sampler) -> Channels:
+        if any(d % c.z.ndim in (0, 1) for d in dims):
+            raise UnsupportedLayerError("a mean or sum over channels has no random-features "
+                                        "rule; use ntbridge.kernel.")
+        return linear(c, sampler)
+
+    return Layer(lambda _, shape: (out_shape(shape), {}), apply_fn, kernel_fn,
+                 full_spatial=not keepdim or any(d != 1 for d in dims), affine=True,
+                 features=features)
 
 
 def _inserted(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:

@@ -27,6 +27,21 @@ A layer is a tiny stax triple plus what it requires of its input kernel:
   channels-first layout is wrapped in :func:`channels_first`, which refuses sequences.
 * ``replicates``: for a rule that is a numerical expectation, its number of independent
   replicates (``Kernel.replicate`` picks one); 0 for exact rules (a network: its layers' largest).
+* ``features``: optional, ``features(channels, sampler) -> Channels``, the layer's random-feature
+  map (:mod:`ntbridge.stax.features`): F random channels of its output ``(N, F, *positions)``
+  from those of its input (a :class:`~ntbridge.stax.features.Channels`, or a tuple of them for
+  several inputs, as ``kernel_fn`` takes kernels), whose Gram matrices average to what
+  ``kernel_fn`` gives; ``sampler`` draws the layer's standard normal weights. Written beside the
+  kernel rule, with the values the layer was built with; ``ntbridge.features`` walks a network's
+  layers through it, and refuses a layer without one::
+
+      def features(ch, sampler):       # Scale(c): each channel times c, the NTK's too
+          return Channels(c * ch.z, None if ch.t is None else c * ch.t, ch.gaussian)
+      return Layer(init_fn, apply_fn, kernel_fn, features=features)
+
+  The maps of most layers are built from three: ``affine_features`` (Dense, Conv: the layer's
+  projection of its input), ``elementwise_features`` (activations) and ``linear_features``
+  (maps acting on each channel alike: pooling, Flatten, sums, Scale).
 
 How a layer declares hyper-parameters: it lists them with their values in ``hyper`` and takes
 them as the second argument of its ``kernel_fn``, defaulting to those values::
@@ -47,10 +62,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import math
+
 import jax
 import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
+from .features import Channels, Features, Sampler, affine_features, linear_features, refused
 from .kernel import Kernel, features_last_kernel, input_kernel
 
 Shape = tuple[int, ...]
@@ -86,6 +104,7 @@ class Layer(NamedTuple):
     hyper: Any = {}
     input_kernel: Callable[..., Kernel] | None = None
     replicates: int = 0
+    features: Features | None = None
 
 
 def with_hyper(layer: Layer, hyper: Any = None) -> Callable[[Kernel], Kernel]:
@@ -133,13 +152,14 @@ def affine_hyper(W_std: float, b_std: float | None) -> dict[str, float]:
 
 
 def without_kernel(layer: Layer, message: str) -> Layer:
-    """``layer`` with the same forward pass, whose ``kernel_fn`` raises
-    :class:`~ntbridge.errors.UnsupportedLayerError` with ``message``."""
+    """``layer`` with the same forward pass, whose ``kernel_fn`` (and feature map, where it has
+    one) raises :class:`~ntbridge.errors.UnsupportedLayerError` with ``message``."""
 
     def kernel_fn(k):
         raise UnsupportedLayerError(message)
 
-    return layer._replace(kernel_fn=kernel_fn)
+    return layer._replace(kernel_fn=kernel_fn,
+                          features=None if layer.features is None else refused(message))
 
 
 def _sample(key: jax.Array, shape: Shape, std: float, distribution: str) -> jax.Array:
@@ -224,16 +244,28 @@ def Dense(in_features: int, out_features: int, *, W_std: float, b_std: float | N
         return dense_rule(k, in_features, out_features, hyper["W_std"], hyper.get("b_std"),
                           parameterization)
 
+    def project(h, g):  # (N, C) through g (F, C), unit variance per input
+        return jnp.matmul(h, g.T, precision=jax.lax.Precision.HIGHEST) / math.sqrt(h.shape[1])
+
+    affine = affine_features(project, (), in_features, hyper, parameterization)
+
+    def features(c: Channels, sampler: Sampler) -> Channels:  # (N, in) -> (N, F)
+        if c.z.ndim != 2:
+            raise UnsupportedLayerError("features need Linear on (N, features) inputs; add "
+                                        "nn.Flatten() before it.")
+        return affine(c, sampler)
+
     def structure(params, x):
         rows = lambda g: g.reshape(g.shape[0], -1, g.shape[-1])
         outer = {"weight": Outer(rows(x), rows)}
         return {**outer, "bias": Outer(None, rows)} if has_bias else outer
 
     return Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True, hyper=hyper,
-                 input_kernel=features_last_kernel)
+                 input_kernel=features_last_kernel, features=features)
 
 
 def Identity() -> Layer:
     """torch's ``nn.Identity`` (and Dropout in eval mode): nothing changes."""
-    return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: x, lambda k: k,
-                 affine=True)
+    apply_fn = lambda params, x: x
+    return Layer(lambda key, shape: (tuple(shape), {}), apply_fn, lambda k: k, affine=True,
+                 features=linear_features(apply_fn))

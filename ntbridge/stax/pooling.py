@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
 from .conv import as_tuple, check_spatial_input, contract, window_count, window_reduce
+from .features import linear_features
 from .kernel import Kernel, map_arrays, spatial_axes
 from .layers import Layer, channels_first
 
@@ -112,6 +113,11 @@ def separable_linear(ndim: int | None, matrices: Matrices, name: str,
                                 full_spatial=not one_per_row, affine=True))
 
 
+def _with_features(layer: Layer) -> Layer:
+    """An average pooling ``layer`` with its feature map: the pooling of each random channel."""
+    return layer._replace(features=linear_features(layer.apply_fn))
+
+
 def AvgPool(kernel_size: Sequence[int], stride: Sequence[int] | int | None = None,
             padding: Sequence[int] | int = 0, ceil_mode: bool = False,
             count_include_pad: bool = True, divisor_override: int | None = None) -> Layer:
@@ -132,7 +138,7 @@ def AvgPool(kernel_size: Sequence[int], stride: Sequence[int] | int | None = Non
               for dims in zip(spatial, size, stride, pad)]
         return [ms[0] / divisor_override, *ms[1:]] if divisor_override else ms
 
-    return separable_linear(ndim, matrices, f"AvgPool{ndim}d")
+    return _with_features(separable_linear(ndim, matrices, f"AvgPool{ndim}d"))
 
 
 def LPPool1(kernel_size: Sequence[int], stride: Sequence[int] | int | None = None,
@@ -160,7 +166,7 @@ def AdaptiveAvgPool(output_size: Sequence[int | None]) -> Layer:
     ndim = len(output_size)
     matrices = lambda spatial: [adaptive_matrix(length, count or length)
                                 for length, count in zip(spatial, output_size)]
-    return separable_linear(ndim, matrices, f"AdaptiveAvgPool{ndim}d")
+    return _with_features(separable_linear(ndim, matrices, f"AdaptiveAvgPool{ndim}d"))
 
 
 def _no_kernel(name: str) -> Callable[[Kernel], Kernel]:

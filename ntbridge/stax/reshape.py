@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
+from .features import Channels, Sampler, linear_features
 from .kernel import Kernel, map_arrays, reshape_spatial
 from .layers import Layer, channels_first
 
@@ -74,8 +75,16 @@ def Flatten(start_dim: int = 1, end_dim: int = -1) -> Layer:
         gaussian = k.is_gaussian and math.prod(k.shape1[2:e + 1]) == 1
         return map_arrays(k, fn).replace(shape1=shape1, shape2=shape2, is_gaussian=gaussian)
 
-    return Layer(lambda key, shape: (out_shape(tuple(shape)), {}),
-                 lambda params, x: x.reshape(out_shape(x.shape)), kernel_fn, affine=True)
+    apply_fn = lambda params, x: x.reshape(out_shape(x.shape))
+    linear = linear_features(apply_fn)
+
+    def features(c: Channels, sampler: Sampler) -> Channels:
+        # channels with several positions, merged: features of different variances, not Gaussian
+        out = linear(c, sampler)
+        return out._replace(gaussian=out.gaussian and c.z[0, 0].size == 1)
+
+    return Layer(lambda key, shape: (out_shape(tuple(shape)), {}), apply_fn, kernel_fn,
+                 affine=True, features=features)
 
 
 def Unflatten(dim: int, sizes: Sequence[int]) -> Layer:

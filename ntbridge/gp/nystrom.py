@@ -17,10 +17,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .api import kernel
-from .errors import InputError, ShapeError
-from .pipeline import validate
-from .results import Kernels
+from ..api import kernel
+from ..errors import InputError, ShapeError
+from ..pipeline import validate
+from ..results import Kernels
 
 
 def _projection(k_ll: torch.Tensor, rcond: float) -> torch.Tensor:
