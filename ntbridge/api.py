@@ -10,7 +10,7 @@ Conventions (see each function):
 * ``x2=None`` means ``x2 = x1`` and the result is exactly symmetric.
 * Kernels are differentiable by torch autograd when x1, x2 (or, for the empirical kernels, a model
   parameter) require grad and grad mode is on; otherwise they carry no history and cost no VJP
-  work (see :mod:`ntbridge.gradients`).
+  work (see :mod:`ntbridge.autograd`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ what to compute, and calls :func:`run`:
    :mod:`ntbridge.empirical`) makes the :class:`~ntbridge.tiling.Task`; :func:`ntbridge.tiling.compute`
    plans its tiles from XLA's memory analysis of the one program it compiles (or finds in
    :mod:`ntbridge.programs`), runs them and assembles torch tensors; when the inputs or the
-   model's parameters require grad, as a node of torch's autograd graph (:mod:`ntbridge.gradients`).
+   model's parameters require grad, as a node of torch's autograd graph (:mod:`ntbridge.autograd`).
 
 Example:
     >>> outcome = run(Request(model, x1, None, Analytic("ntk")))
@@ -32,14 +32,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from . import analytic, gradients
+from . import analytic, autograd
 from .converters import Graph, convert
 from .converters.attention import check_ids
 from .converters.graph_ops import pack
 from .converters.translated import TranslatedGraph, empirical_graph
 from .devices import platform_of
-from .dlpack import (abstract, all_finite, check_device, check_has_data, kernel_dtype, model_dtype,
-                     precision)
+from .dlpack import (abstract, all_finite, check_device, check_has_data, model_dtype, precision,
+                     torch_kernel_dtype)
 from .empirical import nngp_task, ntk_task, sample_task
 from .errors import InputError, InputTypeError, ShapeError
 from .specs import Analytic, EmpiricalNNGP, EmpiricalNTK, MonteCarlo, Spec
@@ -99,7 +99,7 @@ def _input_dtype(x: torch.Tensor, name: str, indices: bool) -> torch.dtype:
     an integer dtype as it is (token ids)."""
     if indices and isinstance(x, torch.Tensor) and x.dtype in _INDEX_DTYPES:
         return x.dtype
-    return kernel_dtype(x, name)
+    return torch_kernel_dtype(x, name)
 
 
 def validate(x1: torch.Tensor, x2: torch.Tensor | None, indices: bool = False,
@@ -215,7 +215,7 @@ def execute(prepared: Prepared, spec: Spec | None = None) -> Outcome:
     with _precision(request, x1):
         task, info = BUILDERS[type(spec)](spec, graph, abstract(x1),
                                           None if x2 is None else abstract(x2), batching.platform)
-        result, tiling = gradients.compute(task, (request.x1, request.x2), x1, x2, batching, graph)
+        result, tiling = autograd.compute(task, (request.x1, request.x2), x1, x2, batching, graph)
     return Outcome(result, info, graph, tiling)
 
 

@@ -13,7 +13,7 @@ from ntbridge import analytic, stax
 from ntbridge.errors import InputError
 from ntbridge.specs import Analytic
 from ntbridge.stax import covariances
-from ntbridge.stax.kernel import kernel_dtype
+from ntbridge.stax.kernel import jax_kernel_dtype
 from ntbridge.tiling import blocks
 
 
@@ -271,7 +271,7 @@ def test_a_pairs_bytes_are_its_kernels_positions():
     layer = lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
     assert analytic._pair_bytes(network(layer()), f32(5, 6, 8)) == 4 * 36
     ids = jax.ShapeDtypeStruct((5, 6), jnp.int32)
-    ids_kernel = kernel_dtype(ids.dtype).itemsize  # the widest float enabled
+    ids_kernel = jax_kernel_dtype(ids.dtype).itemsize  # the widest float enabled
     encoder = network(nn.Sequential(nn.Embedding(10, 8), layer()))
     assert analytic._pair_bytes(encoder, ids) == ids_kernel * 36
 
