@@ -271,7 +271,7 @@ def test_input_files_are_explained_in_the_command_s_terms(work, monkeypatch, cap
 def test_negative_or_nan_tolerances_exit_2(work, monkeypatch, capsys):
     np.save(work / "k.npy", np.eye(3))
     for option, value in (("--rtol", "-1"), ("--atol", "-1e-3"), ("--rtol", "nan")):
-        assert run_main(work, "compare", "k.npy", "k.npy", option, value,
+        assert run_main(work, "compare", "k.npy", "k.npy", f"{option}={value}",
                         monkeypatch=monkeypatch) == 2, (option, value)
         err = capsys.readouterr().err
         assert f"{option} must be a non-negative number" in err and "NOT close" not in err
