@@ -11,7 +11,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "ntbridge"
 # lowest first; a part imports from strictly lower layers only (and from itself)
 LAYERS = [
-    ("errors", "options", "progress"),
+    ("compat", "errors", "options", "progress"),
     ("devices", "dlpack", "specs"),
     ("programs", "results"),
     ("stax", "tiling"),
