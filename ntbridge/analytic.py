@@ -29,6 +29,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from . import programs
 from .results import Kernels
 from .specs import Analytic
 from .stax import Layer, with_hyper
@@ -65,9 +66,6 @@ def program_kind(network: Layer, a1: jax.ShapeDtypeStruct) -> str:
     return "vector" if len(a1.shape) == 2 else "diagonal"
 
 
-_PAIR_BYTES: dict[tuple, int] = {}  # (architecture, example, kernel dtype) -> _pair_bytes
-
-
 def _pair_bytes(network: Layer, a1: jax.ShapeDtypeStruct) -> int:
     """The bytes of one example pair in the kernel of inputs like ``a1`` ``(N, ...)``, in the
     layout ``network`` reads them: positions (or pairs of positions, ``full_spatial``) of images,
@@ -79,14 +77,12 @@ def _pair_bytes(network: Layer, a1: jax.ShapeDtypeStruct) -> int:
 
 
 def _pair_bytes_of(graph, a1: jax.ShapeDtypeStruct) -> int:
-    """:func:`_pair_bytes` of ``graph.network``, traced once per architecture and example shape
-    (a trace costs milliseconds, more than a small kernel's call)."""
-    key = (graph.architecture, tuple(a1.shape[1:]), str(a1.dtype), str(jax_kernel_dtype(a1.dtype)))
-    if key not in _PAIR_BYTES:
-        if len(_PAIR_BYTES) >= 256:  # a bound on what a long-lived process keeps
-            _PAIR_BYTES.clear()
-        _PAIR_BYTES[key] = _pair_bytes(graph.network, a1)
-    return _PAIR_BYTES[key]
+    """:func:`_pair_bytes` of ``graph.network``, traced once per architecture, example shape and
+    dtype, and x64 mode (a trace costs milliseconds, more than a small kernel's call): an entry of
+    :mod:`ntbridge.programs`' cache."""
+    example = jax.ShapeDtypeStruct((1, *a1.shape[1:]), a1.dtype)
+    key = programs.ProgramKey.of("pair bytes", graph.architecture, example)
+    return programs.cached(key, lambda: _pair_bytes(graph.network, a1))
 
 
 def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None,

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ntbridge
-from ntbridge import analytic, stax
+from ntbridge import analytic, programs, stax
 from ntbridge.errors import InputError
 from ntbridge.specs import Analytic
 from ntbridge.stax import covariances
@@ -280,7 +280,7 @@ def test_a_pairs_bytes_are_traced_once_per_architecture_and_shape(monkeypatch):
     # the trace costs milliseconds, more than a small kernel's call: kept per architecture,
     # example shape and kernel dtype (token ids' kernels follow JAX's x64 mode)
     traced = []
-    monkeypatch.setattr(analytic, "_PAIR_BYTES", {})
+    programs.clear()
     monkeypatch.setattr(analytic, "_pair_bytes", lambda network, a1: traced.append(a1) or 7)
     graph = lambda: ntbridge.convert(nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 2)))
     ids = jax.ShapeDtypeStruct((5, 6), jnp.int32)
