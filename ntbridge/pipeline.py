@@ -18,6 +18,11 @@ what to compute, and calls :func:`run`:
    :mod:`ntbridge.programs`), runs them and assembles torch tensors; when the inputs or the
    model's parameters require grad, as a node of torch's autograd graph (:mod:`ntbridge.autograd`).
 
+Beside :func:`run`, two paths share steps 1 and 2: :func:`sample` (Monte-Carlo estimates: many
+executions of one prepared request, or, for models without a converter, one empirical request per
+torch-side re-initialisation) and :func:`expectation_error` (a prepared analytic request evaluated
+once per replicate of its numerical rules, in one piece).
+
 Example:
     >>> outcome = run(Request(model, x1, None, Analytic("ntk")))
     >>> outcome.result.shape, outcome.tiling.tiles
@@ -26,8 +31,9 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -35,14 +41,19 @@ from torch import nn
 from . import analytic, autograd
 from .converters import Graph, convert
 from .converters.attention import check_ids
+from .converters.families import batch_statistics
 from .converters.graph_ops import pack
 from .converters.translated import TranslatedGraph, empirical_graph
 from .devices import platform_of
 from .dlpack import (abstract, all_finite, check_device, check_has_data, model_dtype, precision,
                      torch_kernel_dtype)
-from .empirical import nngp_task, ntk_task, sample_task
-from .errors import InputError, InputTypeError, ShapeError
+from .dlpack import to_jax
+from .empirical import Moments, nngp_task, ntk_task, running, sample_counts, sample_task
+from .empirical.reinit import check_resettable, reinitialise
+from .errors import InputError, InputTypeError, ShapeError, UnsupportedLayerError
+from .results import Estimate
 from .specs import Analytic, EmpiricalNNGP, EmpiricalNTK, MonteCarlo, Spec
+from .stax.covariances import evaluate_error
 from .tiling import Batching, TilingInfo
 
 # spec type -> builder(spec, graph, x1, x2, platform) -> (Task, info); x1, x2 shapes and dtypes
@@ -222,3 +233,59 @@ def execute(prepared: Prepared, spec: Spec | None = None) -> Outcome:
 def run(request: Request) -> Outcome:
     """The request's kernel: :func:`execute` of :func:`prepare`."""
     return execute(prepare(request))
+
+
+def expectation_error(request: Request) -> float:
+    """The estimated relative error of the request's analytic kernels (``Analytic`` spec) where
+    their rules are numerical expectations (``ntbridge.expectation_error``): the prepared request
+    evaluated once per replicate of the rule, in one piece (no tiling)."""
+    _, x1, x2, graph = prepared = prepare(request)
+    names = (request.spec.get,) if isinstance(request.spec.get, str) else tuple(request.spec.get)
+    with _precision(prepared.request, x1):
+        a1, a2 = (None if x is None else to_jax(x) for x in (x1, x2))
+        return evaluate_error(graph.network, a1, a2, names)
+
+
+def sample(request: Request, n_samples: int | Sequence[int]) -> Iterator[Estimate]:
+    """The running Monte-Carlo estimates of a request of a :class:`MonteCarlo` spec (its first
+    count of samples), one at each count of ``n_samples`` (``ntbridge.monte_carlo``): converted
+    models draw their samples with their ``init_fn`` in the spec's programs, models without a
+    converter re-initialise a copy of themselves torch-side, one empirical kernel per sample."""
+    if modules := batch_statistics(request.model):
+        raise UnsupportedLayerError(
+            f"{', '.join(modules)} normalises with the batch's own statistics, so a sample's "
+            f"kernel would depend on which other examples are in the call; monte_carlo estimates "
+            f"the kernel of each pair of examples. Call model.eval() (BatchNorm with running "
+            f"statistics, track_running_stats=True): each sample's BatchNorm then normalises with "
+            f"a fresh module's running statistics, mean 0 and variance 1.")
+    counts, spec = sample_counts(n_samples), request.spec
+    prepared = prepare(request)
+    if prepared.graph.path == "layers":
+        draw = lambda start, stop: [Moments(stop - start, *execute(prepared, dataclasses.replace(
+            spec, start=start, count=stop - start)).result)]
+    else:
+        init = tuple(request.conversion.get(k) for k in ("init", "W_std", "b_std"))
+        if init not in (("torch", None, None), (None, None, None)):
+            raise InputError("init, W_std and b_std choose the init of converted models; this model "
+                             "has no converter, so monte_carlo draws its initialisations with its "
+                             "modules' own reset_parameters(): drop init, W_std and b_std.")
+        draw = _reset_draws(prepared, spec)
+    return running(counts, draw)
+
+
+def _reset_draws(prepared: Prepared, spec: MonteCarlo):
+    """``draw(start, stop)``: the moments of each sample ``start <= s < stop`` of a model without a
+    converter, re-initialised torch-side (see :func:`sample`), one empirical kernel each."""
+    request = prepared.request
+    check_resettable(request.model)
+    fresh = copy.deepcopy(request.model).requires_grad_(False)  # the user's model keeps its weights
+    axes = (spec.trace_axes, spec.diagonal_axes)
+    kernel = EmpiricalNTK("auto", *axes) if spec.get == "ntk" else EmpiricalNNGP(*axes)
+
+    def draw(start: int, stop: int) -> Iterable[Moments]:
+        for s in range(start, stop):
+            reinitialise(fresh, spec.seed, s)
+            k = run(dataclasses.replace(request, spec=kernel, conversion={}, weights=fresh)).result
+            yield Moments(1, k, torch.zeros_like(k))
+
+    return draw
