@@ -38,7 +38,7 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
            attention: str = "softmax", attention_points: int = ATTENTION_POINTS,
            shared_weights: str = "auto", batch_size: int | None = None, device_count: int = -1,
            store_on_device: bool = True, progress: bool | None = None, out: str | None = None,
-           return_info: bool = False):
+           by_layer: bool = False, return_info: bool = False):
     """Infinite-width NNGP and/or NTK of ``model``'s architecture, in closed form.
 
     Args:
@@ -69,13 +69,16 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
         >>> k.ntk.shape, k.nngp.shape
         (torch.Size([5, 5]), torch.Size([5, 5]))
     """
-    outcome = run(Request(model, x1, x2, Analytic(get),
+    outcome = run(Request(model, x1, x2, Analytic(get, by_layer=by_layer),
                           Batching(batch_size, device_count, store_on_device, progress, out),
                           dict(parameterization=parameterization, init=init, W_std=W_std,
                                b_std=b_std, attention=attention,
                                attention_points=attention_points,
                                shared_weights=shared_weights)))
     result = outcome.result if isinstance(get, str) else Kernels(*outcome.result)
+    if outcome.info is not None:  # by_layer on a chain: the NNGP and each module's contribution
+        nngp, parts = outcome.result
+        result = Kernels(nngp, dict(zip(outcome.info, parts)))
     return (result, outcome.tiling) if return_info else result
 
 
