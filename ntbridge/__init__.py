@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
+import types
 from typing import TYPE_CHECKING
 
 # JAX preallocates most of a GPU's memory on first use, starving torch in the same process.
@@ -31,27 +33,28 @@ _EXPORTS = {  # public name -> (module, attribute)
     "Graph": ("converters", "Graph"), "Kernels": ("results", "Kernels"),
     "convert": ("converters", "convert"), "register_converter": ("converters", "register"),
     "features": ("gp.features", "features"), "nystrom_features": ("gp.nystrom", "nystrom_features"),
-    "linearize": ("dynamics", "linearize"), "taylor_expand": ("dynamics", "taylor_expand"),
+    "linearize": ("linearize", "linearize"), "taylor_expand": ("linearize", "taylor_expand"),
 }
-_MODULES = ("analysis", "dynamics", "errors", "predict", "programs", "stax", "testing", "tiling")
+_MODULES = ("analysis", "errors", "predict", "programs", "stax", "testing", "tiling")
 _OPTIONAL = ("gpytorch",)  # modules of optional extras ("gp"): importable, not in __all__
+_RENAMED = {"dynamics": "linearize"}  # former module names -> modules; not in __all__
 __all__ = sorted([*_EXPORTS, *_MODULES])
 
 if TYPE_CHECKING:  # what the lazy imports bind, for type checkers and editors
-    from . import analysis, dynamics, errors, predict, programs, stax, testing, tiling  # noqa: F401
+    from . import analysis, errors, predict, programs, stax, testing, tiling  # noqa: F401
     from .api import (empirical_nngp, empirical_ntk, expectation_error, kernel,  # noqa: F401
                       monte_carlo, nngp, ntk)
     from .converters import Graph, convert  # noqa: F401
     from .converters import register as register_converter  # noqa: F401
-    from .dynamics import linearize, taylor_expand  # noqa: F401
     from .gp.features import features  # noqa: F401
     from .gp.nystrom import nystrom_features  # noqa: F401
+    from .linearize import linearize, taylor_expand  # noqa: F401
     from .results import Estimate, Kernels  # noqa: F401
 
 
 def __getattr__(name: str):
-    if name in _MODULES or name in _OPTIONAL:
-        return importlib.import_module(f"{__name__}.{name}")
+    if name in _MODULES or name in _OPTIONAL or name in _RENAMED:
+        return importlib.import_module(f"{__name__}.{_RENAMED.get(name, name)}")
     if name not in _EXPORTS:
         raise AttributeError(f"module 'ntbridge' has no attribute {name!r}")
     module, attribute = _EXPORTS[name]
@@ -62,3 +65,16 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return __all__
+
+
+class _Package(types.ModuleType):
+    """The package's module type: a submodule named like a public function (``linearize``) does
+    not replace the function when it is first imported (Python binds submodules on their
+    package); ``ntbridge.linearize`` stays the function, the module is ``sys.modules``'."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if not (name in _EXPORTS and isinstance(value, types.ModuleType)):
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

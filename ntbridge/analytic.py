@@ -13,7 +13,7 @@ for :func:`ntbridge.tiling.compute`:
   successor on, is ``j``'s contribution;
 * the layers' hyper-parameters (``W_std``, ``b_std``: :mod:`ntbridge.stax.layers`) are the task's
   arguments, ``{"hyper": graph.hyper_args(dtype)}``, not constants of its program: one program
-  serves every value, and :mod:`ntbridge.gradients` differentiates those given as torch tensors.
+  serves every value, and :mod:`ntbridge.autograd` differentiates those given as torch tensors.
 
 Example:
     >>> t, names = task(Analytic("ntk"), ntbridge.convert(model), a1, None, "cpu")
@@ -29,11 +29,12 @@ import math
 import jax
 import jax.numpy as jnp
 
+from . import programs
 from .results import Kernels
 from .specs import Analytic
 from .stax import Layer, with_hyper
 from .stax.covariances import Covariances, evaluate, inputs_kernel, own_covariances
-from .stax.kernel import kernel_dtype, swap_perm
+from .stax.kernel import jax_kernel_dtype, swap_perm
 from .tiling import Task
 from .tiling.blocks import in_blocks, splits
 
@@ -65,9 +66,6 @@ def program_kind(network: Layer, a1: jax.ShapeDtypeStruct) -> str:
     return "vector" if len(a1.shape) == 2 else "diagonal"
 
 
-_PAIR_BYTES: dict[tuple, int] = {}  # (architecture, example, kernel dtype) -> _pair_bytes
-
-
 def _pair_bytes(network: Layer, a1: jax.ShapeDtypeStruct) -> int:
     """The bytes of one example pair in the kernel of inputs like ``a1`` ``(N, ...)``, in the
     layout ``network`` reads them: positions (or pairs of positions, ``full_spatial``) of images,
@@ -79,14 +77,12 @@ def _pair_bytes(network: Layer, a1: jax.ShapeDtypeStruct) -> int:
 
 
 def _pair_bytes_of(graph, a1: jax.ShapeDtypeStruct) -> int:
-    """:func:`_pair_bytes` of ``graph.network``, traced once per architecture and example shape
-    (a trace costs milliseconds, more than a small kernel's call)."""
-    key = (graph.architecture, tuple(a1.shape[1:]), str(a1.dtype), str(kernel_dtype(a1.dtype)))
-    if key not in _PAIR_BYTES:
-        if len(_PAIR_BYTES) >= 256:  # a bound on what a long-lived process keeps
-            _PAIR_BYTES.clear()
-        _PAIR_BYTES[key] = _pair_bytes(graph.network, a1)
-    return _PAIR_BYTES[key]
+    """:func:`_pair_bytes` of ``graph.network``, traced once per architecture, example shape and
+    dtype, and x64 mode (a trace costs milliseconds, more than a small kernel's call): an entry of
+    :mod:`ntbridge.programs`' cache."""
+    example = jax.ShapeDtypeStruct((1, *a1.shape[1:]), a1.dtype)
+    key = programs.ProgramKey.of("pair bytes", graph.architecture, example)
+    return programs.cached(key, lambda: _pair_bytes(graph.network, a1))
 
 
 def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStruct | None,
@@ -96,7 +92,7 @@ def task(spec: Analytic, graph, x1: jax.ShapeDtypeStruct, x2: jax.ShapeDtypeStru
     (``spec.by_layer`` on a chain of modules), else None."""
     graph.check_init()
     network, perm = graph.network, perm_of(graph.network)
-    args = {"hyper": graph.hyper_args(kernel_dtype(x1.dtype))}
+    args = {"hyper": graph.hyper_args(jax_kernel_dtype(x1.dtype))}
     if spec.by_layer and all(n.inputs == (n.index - 1,) for n in graph.layers):
         owners = tuple(n.index for n in graph.layers if n.param_names)
         return (Task(("analytic_by_layer", graph.architecture, owners),

@@ -10,28 +10,25 @@ Conventions (see each function):
 * ``x2=None`` means ``x2 = x1`` and the result is exactly symmetric.
 * Kernels are differentiable by torch autograd when x1, x2 (or, for the empirical kernels, a model
   parameter) require grad and grad mode is on; otherwise they carry no history and cost no VJP
-  work (see :mod:`ntbridge.gradients`).
+  work (see :mod:`ntbridge.autograd`).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from .converters.families import batch_statistics
+from . import pipeline
+from .converters import batch_statistics
 from .converters.registry import ATTENTION_POINTS, StdOption
-from .dlpack import model_dtype, precision, to_jax
-from .empirical import Moments, running, sample_counts
-from .empirical.reinit import check_resettable, reinitialise
-from .errors import BatchStatisticsWarning, InputError, UnsupportedLayerError, warn
-from .pipeline import Prepared, Request, execute, prepare, run
+from .empirical import sample_counts
+from .errors import BatchStatisticsWarning, InputError, warn
+from .pipeline import Request, run
 from .results import Kernels
 from .specs import Analytic, EmpiricalNNGP, EmpiricalNTK, MonteCarlo
-from .stax.covariances import evaluate_error
 from .tiling import Batching
 
 
@@ -41,7 +38,7 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
            attention: str = "softmax", attention_points: int = ATTENTION_POINTS,
            shared_weights: str = "auto", batch_size: int | None = None, device_count: int = -1,
            store_on_device: bool = True, progress: bool | None = None, out: str | None = None,
-           return_info: bool = False):
+           by_layer: bool = False, return_info: bool = False):
     """Infinite-width NNGP and/or NTK of ``model``'s architecture, in closed form.
 
     Args:
@@ -72,13 +69,16 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
         >>> k.ntk.shape, k.nngp.shape
         (torch.Size([5, 5]), torch.Size([5, 5]))
     """
-    outcome = run(Request(model, x1, x2, Analytic(get),
+    outcome = run(Request(model, x1, x2, Analytic(get, by_layer=by_layer),
                           Batching(batch_size, device_count, store_on_device, progress, out),
                           dict(parameterization=parameterization, init=init, W_std=W_std,
                                b_std=b_std, attention=attention,
                                attention_points=attention_points,
                                shared_weights=shared_weights)))
     result = outcome.result if isinstance(get, str) else Kernels(*outcome.result)
+    if outcome.info is not None:  # by_layer on a chain: the NNGP and each module's contribution
+        nngp, parts = outcome.result
+        result = Kernels(nngp, dict(zip(outcome.info, parts)))
     return (result, outcome.tiling) if return_info else result
 
 
@@ -111,11 +111,7 @@ def expectation_error(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | Non
     Example:
         >>> ntbridge.expectation_error(encoder, x)       # e.g. 1.5e-4
     """
-    names = (get,) if isinstance(get, str) else tuple(get)
-    prepared = prepare(Request(model, x1, x2, Analytic(get), conversion=conversion))
-    with precision(x1.dtype if x1.is_floating_point() else model_dtype(model)):
-        a1, a2 = (None if x is None else to_jax(x) for x in (prepared.x1, prepared.x2))
-        return evaluate_error(prepared.graph.network, a1, a2, names)
+    return pipeline.expectation_error(Request(model, x1, x2, Analytic(get), conversion=conversion))
 
 
 def _empirical_batching(model: nn.Module, options: dict) -> tuple[Batching, bool]:
@@ -243,44 +239,8 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
         >>> est.mean.shape, est.standard_error.shape
         (torch.Size([8, 8]), torch.Size([8, 8]))
     """
-    if modules := batch_statistics(model):
-        raise UnsupportedLayerError(
-            f"{', '.join(modules)} normalises with the batch's own statistics, so a sample's "
-            f"kernel would depend on which other examples are in the call; monte_carlo estimates "
-            f"the kernel of each pair of examples. Call model.eval() (BatchNorm with running "
-            f"statistics, track_running_stats=True): each sample's BatchNorm then normalises with "
-            f"a fresh module's running statistics, mean 0 and variance 1.")
-    counts = sample_counts(n_samples)
-    spec = MonteCarlo(get, seed, 0, counts[0], trace_axes, diagonal_axes)
-    batching = Batching(batch_size, device_count, store_on_device, progress)
-    prepared = prepare(Request(model, x1, x2, spec, batching, dict(init=init, W_std=W_std,
-                                                                     b_std=b_std)))
-    if prepared.graph.path == "layers":
-        draw = lambda start, stop: [Moments(stop - start, *execute(prepared, dataclasses.replace(
-            spec, start=start, count=stop - start)).result)]
-    else:
-        if (init, W_std, b_std) != ("torch", None, None):
-            raise InputError("init, W_std and b_std choose the init of converted models; this model "
-                             "has no converter, so monte_carlo draws its initialisations with its "
-                             "modules' own reset_parameters(): drop init, W_std and b_std.")
-        draw = _reset_draws(prepared, spec)
-    estimates = running(counts, draw)
+    spec = MonteCarlo(get, seed, 0, sample_counts(n_samples)[0], trace_axes, diagonal_axes)
+    estimates = pipeline.sample(Request(model, x1, x2, spec, Batching(
+        batch_size, device_count, store_on_device, progress), dict(init=init, W_std=W_std,
+                                                                    b_std=b_std)), n_samples)
     return next(estimates) if isinstance(n_samples, int) else estimates
-
-
-def _reset_draws(prepared: Prepared, spec: MonteCarlo):
-    """``draw(start, stop)``: the moments of each sample ``start <= s < stop`` of a model without a
-    converter, re-initialised torch-side (see :func:`monte_carlo`), one empirical kernel each."""
-    request = prepared.request
-    check_resettable(request.model)
-    sample = copy.deepcopy(request.model).requires_grad_(False)  # the user's model keeps its weights
-    axes = (spec.trace_axes, spec.diagonal_axes)
-    kernel = EmpiricalNTK("auto", *axes) if spec.get == "ntk" else EmpiricalNNGP(*axes)
-
-    def draw(start: int, stop: int) -> Iterable[Moments]:
-        for s in range(start, stop):
-            reinitialise(sample, spec.seed, s)
-            k = run(dataclasses.replace(request, spec=kernel, conversion={}, weights=sample)).result
-            yield Moments(1, k, torch.zeros_like(k))
-
-    return draw

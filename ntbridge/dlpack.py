@@ -31,8 +31,11 @@ from .errors import GradientError, InputError, InputTypeError
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def kernel_dtype(t: torch.Tensor, name: str = "x1") -> torch.dtype:
-    """The dtype a kernel of input ``t`` is computed and returned in (float32 or float64)."""
+def torch_kernel_dtype(t: torch.Tensor, name: str = "x1") -> torch.dtype:
+    """The torch dtype a kernel of the torch tensor ``t`` is computed and returned in: float64 for
+    float64 inputs, else float32 (float16 and bfloat16 too); InputTypeError, in ``name``'s terms,
+    for anything but a real floating tensor (integer token ids: the pipeline keeps them apart).
+    The JAX side's rule, which takes token ids: :func:`ntbridge.stax.kernel.jax_kernel_dtype`."""
     if not isinstance(t, torch.Tensor):
         raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; "
                              f"convert it with torch.as_tensor({name}).")

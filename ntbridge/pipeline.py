@@ -16,7 +16,12 @@ what to compute, and calls :func:`run`:
    :mod:`ntbridge.empirical`) makes the :class:`~ntbridge.tiling.Task`; :func:`ntbridge.tiling.compute`
    plans its tiles from XLA's memory analysis of the one program it compiles (or finds in
    :mod:`ntbridge.programs`), runs them and assembles torch tensors; when the inputs or the
-   model's parameters require grad, as a node of torch's autograd graph (:mod:`ntbridge.gradients`).
+   model's parameters require grad, as a node of torch's autograd graph (:mod:`ntbridge.autograd`).
+
+Beside :func:`run`, two paths share steps 1 and 2: :func:`sample` (Monte-Carlo estimates: many
+executions of one prepared request, or, for models without a converter, one empirical request per
+torch-side re-initialisation) and :func:`expectation_error` (a prepared analytic request evaluated
+once per replicate of its numerical rules, in one piece).
 
 Example:
     >>> outcome = run(Request(model, x1, None, Analytic("ntk")))
@@ -26,21 +31,26 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import torch
 from torch import nn
 
-from . import analytic, gradients
-from .converters import Graph, check_ids, convert, empirical_graph, pack
-from .converters import Translation as TranslatedGraph
+from . import analytic, autograd
+from .converters import (Graph, Translation, batch_statistics, check_ids, convert,
+                         empirical_graph, pack)
 from .devices import platform_of
-from .dlpack import (abstract, all_finite, check_device, check_has_data, kernel_dtype, model_dtype,
-                     precision)
-from .empirical import nngp_task, ntk_task, sample_task
-from .errors import InputError, InputTypeError, ShapeError
+from .dlpack import (abstract, all_finite, check_device, check_has_data, model_dtype, precision,
+                     torch_kernel_dtype)
+from .dlpack import to_jax
+from .empirical import Moments, nngp_task, ntk_task, running, sample_counts, sample_task
+from .empirical.reinit import check_resettable, reinitialise
+from .errors import InputError, InputTypeError, ShapeError, UnsupportedLayerError
+from .results import Estimate
 from .specs import Analytic, EmpiricalNNGP, EmpiricalNTK, MonteCarlo, Spec
+from .stax.covariances import evaluate_error
 from .tiling import Batching, TilingInfo
 
 # spec type -> builder(spec, graph, x1, x2, platform) -> (Task, info); x1, x2 shapes and dtypes
@@ -79,7 +89,7 @@ class Prepared(NamedTuple):
     request: Request
     x1: torch.Tensor
     x2: torch.Tensor | None
-    graph: Graph | TranslatedGraph
+    graph: Graph | Translation
 
 
 class Outcome(NamedTuple):
@@ -88,7 +98,7 @@ class Outcome(NamedTuple):
 
     result: Any
     info: Any
-    graph: Graph | TranslatedGraph
+    graph: Graph | Translation
     tiling: TilingInfo
 
 
@@ -97,7 +107,7 @@ def _input_dtype(x: torch.Tensor, name: str, indices: bool) -> torch.dtype:
     an integer dtype as it is (token ids)."""
     if indices and isinstance(x, torch.Tensor) and x.dtype in _INDEX_DTYPES:
         return x.dtype
-    return kernel_dtype(x, name)
+    return torch_kernel_dtype(x, name)
 
 
 def validate(x1: torch.Tensor, x2: torch.Tensor | None, indices: bool = False,
@@ -143,7 +153,7 @@ def validate(x1: torch.Tensor, x2: torch.Tensor | None, indices: bool = False,
 
 
 def model_graph(request: Request, x1: torch.Tensor,
-                graph_inputs: bool = False) -> Graph | TranslatedGraph:
+                graph_inputs: bool = False) -> Graph | Translation:
     """The converted model (empirical requests: converted or translated, see the module doc; with
     ``graph_inputs``, converted)."""
     if request.spec.empirical and not graph_inputs:
@@ -179,7 +189,7 @@ def _packed(request: Request) -> tuple[Request, bool]:
     return dataclasses.replace(request, x1=packed[0], x2=packed[1]), True
 
 
-def check_graph_inputs(graph: Graph | TranslatedGraph, pairs: bool) -> None:
+def check_graph_inputs(graph: Graph | Translation, pairs: bool) -> None:
     """InputError unless inputs are pairs ``(x, adjacency)`` exactly when the model takes them."""
     takes = isinstance(graph, Graph) and graph.graph_inputs
     if takes and not pairs:
@@ -213,10 +223,66 @@ def execute(prepared: Prepared, spec: Spec | None = None) -> Outcome:
     with _precision(request, x1):
         task, info = BUILDERS[type(spec)](spec, graph, abstract(x1),
                                           None if x2 is None else abstract(x2), batching.platform)
-        result, tiling = gradients.compute(task, (request.x1, request.x2), x1, x2, batching, graph)
+        result, tiling = autograd.compute(task, (request.x1, request.x2), x1, x2, batching, graph)
     return Outcome(result, info, graph, tiling)
 
 
 def run(request: Request) -> Outcome:
     """The request's kernel: :func:`execute` of :func:`prepare`."""
     return execute(prepare(request))
+
+
+def expectation_error(request: Request) -> float:
+    """The estimated relative error of the request's analytic kernels (``Analytic`` spec) where
+    their rules are numerical expectations (``ntbridge.expectation_error``): the prepared request
+    evaluated once per replicate of the rule, in one piece (no tiling)."""
+    _, x1, x2, graph = prepared = prepare(request)
+    names = (request.spec.get,) if isinstance(request.spec.get, str) else tuple(request.spec.get)
+    with _precision(prepared.request, x1):
+        a1, a2 = (None if x is None else to_jax(x) for x in (x1, x2))
+        return evaluate_error(graph.network, a1, a2, names)
+
+
+def sample(request: Request, n_samples: int | Sequence[int]) -> Iterator[Estimate]:
+    """The running Monte-Carlo estimates of a request of a :class:`MonteCarlo` spec (its first
+    count of samples), one at each count of ``n_samples`` (``ntbridge.monte_carlo``): converted
+    models draw their samples with their ``init_fn`` in the spec's programs, models without a
+    converter re-initialise a copy of themselves torch-side, one empirical kernel per sample."""
+    if modules := batch_statistics(request.model):
+        raise UnsupportedLayerError(
+            f"{', '.join(modules)} normalises with the batch's own statistics, so a sample's "
+            f"kernel would depend on which other examples are in the call; monte_carlo estimates "
+            f"the kernel of each pair of examples. Call model.eval() (BatchNorm with running "
+            f"statistics, track_running_stats=True): each sample's BatchNorm then normalises with "
+            f"a fresh module's running statistics, mean 0 and variance 1.")
+    counts, spec = sample_counts(n_samples), request.spec
+    prepared = prepare(request)
+    if prepared.graph.path == "layers":
+        draw = lambda start, stop: [Moments(stop - start, *execute(prepared, dataclasses.replace(
+            spec, start=start, count=stop - start)).result)]
+    else:
+        init = tuple(request.conversion.get(k) for k in ("init", "W_std", "b_std"))
+        if init not in (("torch", None, None), (None, None, None)):
+            raise InputError("init, W_std and b_std choose the init of converted models; this model "
+                             "has no converter, so monte_carlo draws its initialisations with its "
+                             "modules' own reset_parameters(): drop init, W_std and b_std.")
+        draw = _reset_draws(prepared, spec)
+    return running(counts, draw)
+
+
+def _reset_draws(prepared: Prepared, spec: MonteCarlo):
+    """``draw(start, stop)``: the moments of each sample ``start <= s < stop`` of a model without a
+    converter, re-initialised torch-side (see :func:`sample`), one empirical kernel each."""
+    request = prepared.request
+    check_resettable(request.model)
+    fresh = copy.deepcopy(request.model).requires_grad_(False)  # the user's model keeps its weights
+    axes = (spec.trace_axes, spec.diagonal_axes)
+    kernel = EmpiricalNTK("auto", *axes) if spec.get == "ntk" else EmpiricalNNGP(*axes)
+
+    def draw(start: int, stop: int) -> Iterable[Moments]:
+        for s in range(start, stop):
+            reinitialise(fresh, spec.seed, s)
+            k = run(dataclasses.replace(request, spec=kernel, conversion={}, weights=fresh)).result
+            yield Moments(1, k, torch.zeros_like(k))
+
+    return draw

@@ -47,6 +47,7 @@ from typing import Any, Callable, Hashable, Sequence, TypeVar
 import jax
 import numpy as np
 
+from .compat import initialize_lapack
 from .devices import compiler_options, reject_options
 from .errors import CacheWarning, warn
 
@@ -188,11 +189,10 @@ def _entry_path(name: str, options: dict, devices: Sequence) -> Path | None:
 
 def _load(path: Path, devices: Sequence):
     from jax.experimental import serialize_executable
-    from jax._src.lax import linalg  # (private: tests/test_attention.py checks it is there)
 
     # JAX loads LAPACK's kernels when it lowers a linear-algebra op; a program from disk calling
     # them (attention's eigh) in a process that lowered none would crash without this
-    linalg.initialize_lapack()
+    initialize_lapack()
     try:
         payload, in_tree, out_tree = pickle.loads(path.read_bytes())
         return serialize_executable.deserialize_and_load(payload, in_tree, out_tree,

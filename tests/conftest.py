@@ -1,4 +1,5 @@
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -40,3 +41,17 @@ def pytest_collection_modifyitems(items):
     """The slow tests first (a stable sort): under ``-n 2`` the long ones then run side by side
     from the start, instead of leaving one worker alone with the last of them at the end."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    """An xdist worker frees its compiled programs and collects its garbage before it reports the
+    session finished: the master then shuts it down, and a worker still collecting 5 s later (each
+    collection runs JAX's gc callback, which frees XLA's buffers) is sent SIGINT by execnet, whose
+    KeyboardInterrupt inside that callback pytest reports as an unraisable exception."""
+    if hasattr(session.config, "workerinput"):
+        from ntbridge import programs
+
+        programs.clear()
+        jax.clear_caches()
+        gc.collect()

@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import ntbridge
-from ntbridge import analytic, stax
+from ntbridge import analytic, programs, stax
 from ntbridge.errors import InputError
 from ntbridge.specs import Analytic
 from ntbridge.stax import covariances
-from ntbridge.stax.kernel import kernel_dtype
+from ntbridge.stax.kernel import jax_kernel_dtype
 from ntbridge.tiling import blocks
 
 
@@ -271,7 +271,7 @@ def test_a_pairs_bytes_are_its_kernels_positions():
     layer = lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
     assert analytic._pair_bytes(network(layer()), f32(5, 6, 8)) == 4 * 36
     ids = jax.ShapeDtypeStruct((5, 6), jnp.int32)
-    ids_kernel = kernel_dtype(ids.dtype).itemsize  # the widest float enabled
+    ids_kernel = jax_kernel_dtype(ids.dtype).itemsize  # the widest float enabled
     encoder = network(nn.Sequential(nn.Embedding(10, 8), layer()))
     assert analytic._pair_bytes(encoder, ids) == ids_kernel * 36
 
@@ -280,7 +280,7 @@ def test_a_pairs_bytes_are_traced_once_per_architecture_and_shape(monkeypatch):
     # the trace costs milliseconds, more than a small kernel's call: kept per architecture,
     # example shape and kernel dtype (token ids' kernels follow JAX's x64 mode)
     traced = []
-    monkeypatch.setattr(analytic, "_PAIR_BYTES", {})
+    programs.clear()
     monkeypatch.setattr(analytic, "_pair_bytes", lambda network, a1: traced.append(a1) or 7)
     graph = lambda: ntbridge.convert(nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 2)))
     ids = jax.ShapeDtypeStruct((5, 6), jnp.int32)

@@ -266,3 +266,24 @@ def test_input_files_are_explained_in_the_command_s_terms(work, monkeypatch, cap
                         monkeypatch=monkeypatch) == 2
         err = capsys.readouterr().err
         assert message in err and "x1[None]" not in err, (name, err)
+
+
+def test_negative_or_nan_tolerances_exit_2(work, monkeypatch, capsys):
+    np.save(work / "k.npy", np.eye(3))
+    for option, value in (("--rtol", "-1"), ("--atol", "-1e-3"), ("--rtol", "nan")):
+        assert run_main(work, "compare", "k.npy", "k.npy", f"{option}={value}",
+                        monkeypatch=monkeypatch) == 2, (option, value)
+        err = capsys.readouterr().err
+        assert f"{option} must be a non-negative number" in err and "NOT close" not in err
+
+
+def test_times_count_from_the_process_start():
+    """The times the command prints include the interpreter's start-up and every import: a
+    process that slept before importing the command reports at least that long."""
+    code = ("import time\ntime.sleep(0.5)\nfrom ntbridge.cli.commands import since_start\n"
+            "print(since_start())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert 0.5 <= float(out.stdout) < 30
+

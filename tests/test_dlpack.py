@@ -82,7 +82,7 @@ class Classifier(torch.nn.Module):
                                          (torch.complex64, "x1 is complex .* pass x1.real")])
 def test_non_float_inputs_are_refused(dtype, says):
     with pytest.raises(InputTypeError, match=says):
-        dlpack.kernel_dtype(torch.zeros(2, 2, dtype=dtype), "x1")
+        dlpack.torch_kernel_dtype(torch.zeros(2, 2, dtype=dtype), "x1")
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])

@@ -102,18 +102,7 @@ def test_request_names_are_shared_values_of_the_request():
     assert a != distributed.request_name("analytic", 10, 10, 5, True)
 
 
-def test_the_private_key_value_store_is_where_ntbridge_reads_it():
-    """JAX offers jax.distributed's key-value store through a private module only; this fails as
-    soon as a JAX release moves it or its methods, before any multi-process run does."""
-    from jax._src import distributed as jax_distributed
-    from jax._src.lib import _jax
-    assert hasattr(jax_distributed.global_state, "client")
-    missing = [m for m in distributed.CLIENT_METHODS
-               if not hasattr(_jax.DistributedRuntimeClient, m)]
-    assert not missing
-
-
 def test_a_moved_key_value_store_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(distributed.jax_distributed.global_state, "client", object())
+    monkeypatch.setattr(distributed, "distributed_client", lambda: object())
     with pytest.raises(ntbridge.errors.ProcessError, match="no longer offers jax.distributed"):
         distributed.client()

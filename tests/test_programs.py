@@ -250,3 +250,22 @@ def test_cache_can_be_turned_off(tmp_path, monkeypatch):
     programs.clear()
     model, x = _tiny()
     assert ntbridge.ntk(model, x).shape == (4, 4)
+
+
+def test_the_pair_bytes_of_a_kernel_are_an_entry_of_the_one_cache(monkeypatch):
+    """The bytes of an example pair (how the CPU's blocks are sized) are traced once per
+    architecture and example, kept in programs' cache and forgotten by programs.clear()."""
+    from ntbridge import analytic
+
+    traces = []
+    trace = analytic._pair_bytes
+    monkeypatch.setattr(analytic, "_pair_bytes", lambda *a: traces.append(1) or trace(*a))
+    graph = ntbridge.convert(nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 1)))
+    example = jax.ShapeDtypeStruct((5, 3), "float32")
+    programs.clear()
+    first = analytic._pair_bytes_of(graph, example)
+    assert analytic._pair_bytes_of(graph, jax.ShapeDtypeStruct((7, 3), "float32")) == first
+    assert len(traces) == 1 and first == 4
+    programs.clear()
+    analytic._pair_bytes_of(graph, example)
+    assert len(traces) == 2

@@ -15,14 +15,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..api import empirical_ntk
-from ..converters import Graph
+from ..api import empirical_ntk, kernel
+from ..converters import Graph, convert
 from ..empirical.reinit import sample_seed
 from ..errors import InputError, InputTypeError
-from ..pipeline import Request, run
 from ..progress import Bar
-from ..specs import Analytic
-from ..tiling import Batching
 from .report import SEED_SPREAD, WidthSweep
 
 
@@ -51,14 +48,12 @@ def analytic_ntk_by_layer(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor |
 
 def _analytic(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, parameterization: str):
     """``(nngp, ntk, {name: contribution} or None for graphs that are not chains, graph)``."""
-    outcome = run(Request(model, x1, x2, Analytic(("nngp", "ntk"), by_layer=True),
-                          batching=Batching(progress=False),  # the sweep's own bar shows progress
-                          conversion=dict(parameterization=parameterization)))
-    if outcome.info is None:
-        return outcome.result.nngp, outcome.result.ntk, None, outcome.graph
-    nngp, parts = outcome.result
-    parts = dict(zip(outcome.info, parts))
-    return nngp, sum(parts.values()), parts, outcome.graph
+    nngp, ntk = kernel(model, x1, x2, parameterization=parameterization, by_layer=True,
+                       progress=False)  # the sweep's own bar shows progress
+    graph = convert(model, parameterization=parameterization)
+    if not isinstance(ntk, dict):
+        return nngp, ntk, None, graph
+    return nngp, sum(ntk.values()), ntk, graph
 
 
 def _readout_nngp(model: nn.Module, graph: Graph, x1: torch.Tensor,

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..api import ntk
-from ..dynamics import linearize
+from ..linearize import linearize
 from ..empirical.reinit import sample_seed
 from ..errors import InputError, InputTypeError
 from ..predict import gradient_descent_mse, max_learning_rate

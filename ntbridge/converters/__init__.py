@@ -10,8 +10,8 @@ One file per module family (``linear``, ``conv``, ``activations``, ``structure``
 This package is the converters' one interface to the rest of ntbridge: :func:`convert` and
 :class:`Graph`, and what the request pipeline asks of a model and its inputs: the model an
 empirical kernel runs (:func:`empirical_graph`: a :class:`Graph`, or a :class:`Translation`),
-the check of token ids (:func:`check_ids`) and the packing of paired inputs ``(x, adjacency)``
-(:func:`pack`).
+the check of token ids (:func:`check_ids`), the packing of paired inputs ``(x, adjacency)``
+(:func:`pack`) and the modules normalising with batch statistics (:func:`batch_statistics`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from .aggregation import pack
 from .conversion import convert
 from .embedding import check_ids
 from .export.translation import Translation, empirical_graph
+from .families import batch_statistics
 from .graph import Graph, Node
 from .registry import register
 
-__all__ = ["Graph", "Node", "Translation", "check_ids", "convert", "empirical_graph", "pack",
-           "register"]
+__all__ = ["Graph", "Node", "Translation", "batch_statistics", "check_ids", "convert",
+           "empirical_graph", "pack", "register"]

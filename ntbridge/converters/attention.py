@@ -13,6 +13,7 @@ import torch
 from torch import fx, nn
 
 from .. import stax
+from ..compat import same_embed_dim
 from ..errors import UnsupportedLayerError
 from ..stax.attention import SelfAttention, Stds
 from .registry import Context, register, rms
@@ -95,7 +96,7 @@ def _call_mask(ctx: Context, where: str):
 @register(nn.MultiheadAttention)
 def _attention(module: nn.MultiheadAttention, ctx: Context) -> stax.Layer:
     where = f"MultiheadAttention '{ctx.name}'"
-    if not module._qkv_same_embed_dim:
+    if not same_embed_dim(module):
         raise UnsupportedLayerError(f"{where} has kdim/vdim different from embed_dim: that is "
                                     f"cross-attention, which has no kernel rule here (only "
                                     f"self-attention, attn(x, x, x)).")

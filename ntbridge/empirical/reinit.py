@@ -14,12 +14,11 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 import torch
 from torch import nn
 
+from ..compat import reset_function
 from ..converters.reuse import copies
 from ..errors import UnsupportedLayerError
 
@@ -28,13 +27,6 @@ def sample_seed(seed: int, *sample: int) -> int:
     """The torch seed of sample ``sample`` of ``seed`` (see the module doc); ``sample`` may have
     several parts (e.g. a width and a seed index), each draw independent of the others."""
     return int(np.random.SeedSequence([seed, *sample]).generate_state(1)[0])
-
-
-def _reset_fn(module: nn.Module) -> Callable[[], None] | None:
-    reset = getattr(module, "reset_parameters", None)
-    if reset is None and isinstance(module, nn.MultiheadAttention):
-        reset = module._reset_parameters
-    return reset if callable(reset) else None
 
 
 def _owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -46,7 +38,7 @@ def _owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def check_resettable(model: nn.Module) -> None:
     """UnsupportedLayerError naming the first module with parameters but no ``reset_parameters``."""
     for name, module in reversed(_owners(model)):
-        if _reset_fn(module) is None:
+        if reset_function(module) is None:
             kind = type(module).__name__
             raise UnsupportedLayerError(
                 f"{f'module {name!r}' if name else 'the model'} ({kind}) has parameters but no "
@@ -67,7 +59,7 @@ def reinitialise(model: nn.Module, seed: int, sample: int) -> None:
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         torch.manual_seed(sample_seed(seed, sample))
         for _, module in _owners(model):
-            _reset_fn(module)()
+            reset_function(module)()
         for stack in stacks:
             for layer in stack.layers[1:]:
                 layer.load_state_dict(stack.layers[0].state_dict())

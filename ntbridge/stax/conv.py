@@ -233,6 +233,18 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
         return affine_output(k, hyper["W_std"], hyper.get("b_std"), fan_in, parameterization,
                              out_channels, out_spatial)
 
+    structure = _structure(padded, kernel_size, stride, dilation, groups, out_channels, has_bias)
+    features = conv_features(kernel_size, stride, pads, dilation, mode, fan_in, hyper,
+                             parameterization)
+    return channels_first(Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True,
+                                hyper=hyper, features=features))
+
+
+def _structure(padded: Callable, kernel_size: tuple[int, ...], stride: tuple[int, ...],
+               dilation: tuple[int, ...], groups: int, out_channels: int, has_bias: bool) -> Callable:
+    """``structure(params, x)`` of a convolution (see :class:`~ntbridge.stax.Layer`): the
+    weight's and bias' :class:`Outer` factors; ``padded(x)``: x padded as the layer pads it."""
+
     def structure(params, x):
         # weight[o, c, j] sees patch (j, c) at every output position p (K = kernel offsets x
         # channels, offsets major); with groups, output channel o sees its own group's channels:
@@ -255,10 +267,7 @@ def Conv(in_channels: int, out_channels: int, kernel_size: Sequence[int], *, W_s
         outer = {"weight": Outer(patches.reshape(n, groups * positions, -1), group_rows)}
         return {**outer, "bias": Outer(None, rows)} if has_bias else outer
 
-    return channels_first(Layer(init_fn, apply_fn, kernel_fn, structure=structure, affine=True,
-                                hyper=hyper, features=conv_features(
-                                    kernel_size, stride, pads, dilation, mode, fan_in, hyper,
-                                    parameterization)))
+    return structure
 
 
 def conv_features(kernel_size: tuple[int, ...], stride: tuple[int, ...], pads: Pads,

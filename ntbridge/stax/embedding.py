@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
-from .kernel import Kernel, kernel_dtype
+from .kernel import Kernel, jax_kernel_dtype
 from .layers import Layer, _sample, dense_rule
 
 
@@ -26,7 +26,7 @@ def ids_kernel(num_embeddings: int, padding_idx: int | None):
     def make(x1, x2, *, compute_ntk: bool, diagonal_spatial: bool) -> Kernel:
         if x1.ndim != 2:
             raise ShapeError(f"token ids are (N, T), got {tuple(x1.shape)}")
-        dtype = kernel_dtype(x1.dtype)
+        dtype = jax_kernel_dtype(x1.dtype)
         valid = lambda x: jnp.ones(x.shape, bool) if padding_idx is None else x != padding_idx
 
         def same(a, b, pairs):

@@ -108,9 +108,10 @@ def _covariance(x: jax.Array, y: jax.Array, *, batch_pairs: bool, diagonal_spati
     return jnp.einsum(expr, x, y, precision=jax.lax.Precision.HIGHEST) / x.shape[1]
 
 
-def kernel_dtype(input_dtype) -> jnp.dtype:
-    """The dtype of the kernels of inputs of ``input_dtype``: the inputs' own for floats; for
-    token ids, the widest float JAX has enabled (float64 in x64 mode, else float32)."""
+def jax_kernel_dtype(input_dtype) -> jnp.dtype:
+    """The JAX dtype of the kernels of JAX inputs of ``input_dtype``: the inputs' own for floats; for
+    token ids, the widest float JAX has enabled (float64 in x64 mode, else float32). The torch
+    side's rule, which validates the user's tensors: :func:`ntbridge.dlpack.torch_kernel_dtype`."""
     if jnp.issubdtype(input_dtype, jnp.floating):
         return jnp.dtype(input_dtype)
     return jax.dtypes.canonicalize_dtype(jnp.float64)

@@ -108,6 +108,18 @@ def _per_example_rows(per_example: PerExample, args, a: jax.Array, size: int):
     return jax.tree.map(lambda leaf: leaf.reshape(-1, *leaf.shape[2:])[:a.shape[0]], out)
 
 
+def _take(tree, start: jax.Array, size: int):
+    """The ``size`` examples of each leaf of ``tree`` from ``start`` on."""
+    return jax.tree.map(lambda leaf: jax.lax.dynamic_slice_in_dim(leaf, start, size), tree)
+
+
+def _write(tile, leaves, i: jax.Array, j: jax.Array):
+    """``tile`` with the block ``leaves`` written in place at rows ``i`` and columns ``j``."""
+    rest = lambda leaf: (jnp.zeros_like(i),) * (leaf.ndim - 2)  # indices of one type
+    return jax.tree.map(lambda t, leaf: jax.lax.dynamic_update_slice(
+        t, leaf, (i, j, *rest(leaf))), tile, leaves)
+
+
 def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
               perm: Callable[[int], tuple[int, ...]],
               per_example: PerExample | None = None) -> TileFn:
@@ -153,12 +165,10 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
         shared = per_example is not None and max(s1, s2) <= SHARED_UP_TO
         e1 = _per_example_rows(per_example, args, a1, s1) if shared else None
         e2 = e1 if a2 is None or not shared else _per_example_rows(per_example, args, b, s2)
-        take = lambda tree, start, s: jax.tree.map(
-            lambda leaf: jax.lax.dynamic_slice_in_dim(leaf, start, s), tree)
-        known = lambda i, j: (take(e1, i, s1), take(e2, j, s2)) if shared else None
+        known = lambda i, j: (_take(e1, i, s1), _take(e2, j, s2)) if shared else None
 
         def block(i, j, known_ij):
-            x1, x2 = take(a1, i, s1), take(b, j, s2)
+            x1, x2 = _take(a1, i, s1), _take(b, j, s2)
             return fn(args, x1, x2, known_ij) if shared else fn(args, x1, x2)
 
         # the block traced once, for the tile's shapes and the loop's body alike (tracing a deep
@@ -170,11 +180,6 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
         traced_block = lambda i, j, known_ij: jax.tree.unflatten(
             out_tree, replay(i, j, *jax.tree.leaves(known_ij)))
 
-        def write(tile, leaves, i, j):
-            rest = lambda leaf: (jnp.zeros_like(i),) * (leaf.ndim - 2)  # indices of one type
-            return jax.tree.map(lambda t, leaf: jax.lax.dynamic_update_slice(
-                t, leaf, (i, j, *rest(leaf))), tile, leaves)
-
         def step(carry, _):  # carry: the tile so far, block (i, j) and the data of its examples
             tile, i, j, known_ij = carry
             r, c = starts(i, j)
@@ -183,9 +188,9 @@ def in_blocks(fn: Callable, pair_bytes: Callable[[jax.Array], int],
                 swap = lambda leaf: jnp.transpose(leaf, perm(leaf.ndim))
                 out = jax.lax.cond(i == j, lambda o: jax.tree.map(
                     lambda leaf: symmetrize(leaf, perm(leaf.ndim)), o), lambda o: o, out)
-                tile = write(tile, jax.tree.map(swap, out), c, r)
+                tile = _write(tile, jax.tree.map(swap, out), c, r)
             i_next, j_next = _following(i, j, count1, count2)
-            return (write(tile, out, r, c), i_next, j_next, known(*starts(i_next, j_next))), None
+            return (_write(tile, out, r, c), i_next, j_next, known(*starts(i_next, j_next))), None
 
         empty = jax.tree.map(
             lambda leaf: jnp.zeros((n1, n2, *leaf.shape[2:]), leaf.dtype), shapes)

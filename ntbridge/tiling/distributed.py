@@ -7,9 +7,10 @@ request (:func:`request_name`), so processes running different requests time out
 mixing tiles; each request deletes its keys before its last barrier, so the same request may run
 again.
 
-JAX has no public API for its key-value store: its client is ``jax._src.distributed.global_state
-.client``. :func:`client` checks that it is still there with the methods used here and otherwise
-raises ProcessError naming the JAX version (``tests/test_batching.py`` fails loudly if it moves).
+JAX has no public API for its key-value store: :func:`ntbridge.compat.distributed_client` reads
+its private client. :func:`client` checks that it is still there with the methods used here and
+otherwise raises ProcessError naming the JAX version (``tests/test_compat.py`` fails loudly if it
+moves).
 """
 
 from __future__ import annotations
@@ -21,18 +22,16 @@ import os
 import jax
 import numpy as np
 import torch
-from jax._src import distributed as jax_distributed
 
+from ..compat import CLIENT_METHODS, distributed_client
 from ..errors import ProcessError
 
 PEER_TIMEOUT_S = float(os.environ.get("NTBRIDGE_PEER_TIMEOUT", "600"))
-CLIENT_METHODS = ("wait_at_barrier", "key_value_set_bytes", "blocking_key_value_get_bytes",
-                  "key_value_delete")
 
 
 def client():
     """The key-value store and barriers of the running ``jax.distributed`` job."""
-    found = getattr(getattr(jax_distributed, "global_state", None), "client", None)
+    found = distributed_client()
     missing = [m for m in CLIENT_METHODS if not hasattr(found, m)]
     if found is None or missing:
         raise ProcessError(f"JAX {jax.__version__} no longer offers jax.distributed's key-value "

@@ -34,6 +34,7 @@ from torch import fx, nn
 from torch.export import Dim, ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
+from ...compat import is_op_overload
 from ...dlpack import model_dtype, precision, to_jax
 from ...errors import ConversionError, InputError, InputTypeError, UnsupportedLayerError
 from .aten import OPS, jax_dtype
@@ -221,7 +222,7 @@ def _cond(pred, on_true: fx.GraphModule, on_false: fx.GraphModule, operands) -> 
 def call_node(node: fx.Node, args, kwargs):
     """The value of the ATen ``node`` applied to ``args`` and ``kwargs`` (JAX arrays for tensors)."""
     target = node.target
-    if isinstance(target, torch._ops.OpOverload) and target.overloadpacket in OPS:
+    if is_op_overload(target) and target.overloadpacket in OPS:
         fn = OPS[target.overloadpacket]
     elif target is torch.ops.higher_order.cond:
         fn = _cond

@@ -1,27 +1,9 @@
-"""The ``ntbridge`` command: kernels of torch models from the shell, and kernel checks for CI.
-
-It starts fast: torch and JAX are imported only by the subcommands that compute (``demo``,
-``kernel``, ``sweep``), when they run; ``--help`` and ``compare`` import neither.
-
-Subcommands (``ntbridge SUBCOMMAND --help`` for each):
-
-* ``demo``: the kernels of a small MLP and a width sweep (table and plot).
-* ``kernel MODEL --x1 a.npy [--x2 b.npy] [--get ntk|nngp|empirical] --out k.npy``.
-* ``sweep MODEL_FACTORY --widths 64,256,1024 --x1 a.npy [--plot sweep.png] [--seeds N]``.
-* ``compare expected.npy actual.npy [--rtol R --atol A]``: exit status 0 when close, 1 when not,
-  2 on bad input.
-
-``MODEL`` is ``package.module:callable`` (importable from the current directory too) returning an
-``nn.Module``; for ``sweep`` a factory taking the width. Weights (``--weights file.pt``) and inputs
-(``.npy`` or ``.pt``) are read without unpickling arbitrary objects (``numpy.load(allow_pickle=False)``,
-``torch.load(weights_only=True)``). ``--json`` prints one JSON object on stdout for machines; bad
-input exits with status 2 and a message on stderr.
-"""
+"""The ``ntbridge`` command's subcommands (see :mod:`ntbridge.cli`); each returns its exit status."""
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -33,13 +15,27 @@ if TYPE_CHECKING:  # annotations only: the subcommands that compute import torch
     import torch
     from torch import nn
 
+from ..errors import InitMismatchWarning
 from . import files
-from .errors import InitMismatchWarning, NtbridgeError
 from .files import BadInput
-from .options import IMPLEMENTATIONS
 
 BAD_INPUT = 2
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+_IMPORTED = time.perf_counter()  # before torch and JAX: the subcommands import them
+
+
+def since_start() -> float:
+    """Seconds since this process started, the interpreter's start-up and every import included:
+    from the operating system's record of the process where it keeps one (``/proc``), else from
+    the import of this module (before torch and JAX are imported)."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            started = int(stat.read().rpartition(")")[2].split()[19]) / os.sysconf("SC_CLK_TCK")
+            return max(float(uptime.read().split()[0]) - started, 0.0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.perf_counter() - _IMPORTED
+
 
 
 def _mlp(width: int, d_in: int = 16) -> nn.Sequential:
@@ -57,8 +53,6 @@ def _print_json(data: dict) -> None:
     print(json.dumps(data, indent=2))
 
 
-# ---- subcommands ----
-
 def _write_plot(sweep, path: str) -> str | None:
     try:
         return sweep.plot(path)
@@ -70,12 +64,11 @@ def _write_plot(sweep, path: str) -> str | None:
 def demo(args) -> int:
     import torch
 
-    from . import analysis, api
+    from .. import analysis, api
 
     widths = files.widths(args.widths)
     files.check_output(args.plot, "--plot", PLOT_SUFFIXES)
     x = torch.randn(args.n, 16, generator=torch.Generator().manual_seed(0))
-    start = time.perf_counter()
     k = api.kernel(_mlp(widths[0]), x, parameterization="ntk")
     sweep = analysis.width_sweep(_mlp, widths, x, n_seeds=args.seeds,
                                  implementation="structured")
@@ -94,7 +87,7 @@ def demo(args) -> int:
           "that regime at larger widths.")
     if plot:
         print(f"Plot written to {plot}")
-    print(f"Total {time.perf_counter() - start:.1f} s.")
+    print(f"Total {since_start():.1f} s since the command started (imports included).")
     return 0
 
 
@@ -129,7 +122,7 @@ def _warn(command: str, caught: list) -> None:
 
 
 def kernel(args) -> int:
-    from . import api
+    from .. import api
 
     files.check_output(args.out, "--out", (".npy", ".pt"))
     options = _analytic_options(args)
@@ -151,17 +144,18 @@ def kernel(args) -> int:
     seconds = time.perf_counter() - start
     files.save(k, args.out)
     info = {"get": args.get, "shape": list(k.shape), "dtype": str(k.dtype).removeprefix("torch."),
-            "out": args.out, "seconds": seconds}
+            "out": args.out, "seconds": seconds, "total_seconds": since_start()}
     if args.json:
         _print_json(info)
     else:
         print(f"{args.get} kernel {tuple(k.shape)} {info['dtype']} written to {args.out} "
-              f"({seconds:.2f} s)")
+              f"(the kernel {seconds:.2f} s; {info['total_seconds']:.1f} s since the command "
+              f"started, imports and files included)")
     return 0
 
 
 def sweep(args) -> int:
-    from .analysis import width_sweep
+    from ..analysis import width_sweep
 
     files.check_output(args.plot, "--plot", PLOT_SUFFIXES)
     files.check_output(args.csv, "--csv", (".csv",))
@@ -188,8 +182,11 @@ def sweep(args) -> int:
 
 
 def compare(args) -> int:
-    from .testing import compare_kernels
+    from ..testing import compare_kernels
 
+    for name, value in (("--rtol", args.rtol), ("--atol", args.atol)):
+        if not value >= 0:  # NaN too
+            raise BadInput(f"{name} must be a non-negative number, got {value}.")
     expected, actual = files.load_array(args.expected, "expected"), files.load_array(args.actual, "actual")
     if expected.shape != actual.shape:
         raise BadInput(f"expected has shape {expected.shape} but actual has shape {actual.shape}.")
@@ -205,84 +202,3 @@ def compare(args) -> int:
     return 0 if result.close else 1
 
 
-# ---- the parser ----
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ntbridge", description=__doc__.splitlines()[0],
-                                     epilog="Run 'ntbridge SUBCOMMAND --help' for each subcommand.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print one JSON object (for machines)")
-
-    p = sub.add_parser("demo", parents=[common], help="kernels of a small MLP and a width sweep",
-                       description="The analytic kernels of a small MLP, and how far freshly "
-                       "initialised torch MLPs of growing width are from them (table and plot).")
-    p.add_argument("--widths", default="64,256,1024,4096", help="comma-separated widths")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per width (default 3)")
-    p.add_argument("--n", type=int, default=6, help="number of inputs (default 6)")
-    p.add_argument("--plot", default="ntbridge-demo-sweep.png", metavar="PATH",
-                   help="where to write the sweep's plot (default ./ntbridge-demo-sweep.png)")
-    p.set_defaults(run=demo)
-
-    p = sub.add_parser("kernel", parents=[common], help="a model's kernel on inputs, to a file",
-                       description="Compute a model's analytic NTK/NNGP or its empirical NTK.")
-    p.add_argument("model", metavar="MODEL", help="package.module:callable returning an nn.Module")
-    p.add_argument("--x1", required=True, help="inputs (N1, ...) as .npy or .pt")
-    p.add_argument("--x2", help="inputs (N2, ...) as .npy or .pt (default: x1)")
-    p.add_argument("--get", choices=("ntk", "nngp", "empirical"), default="ntk",
-                   help="analytic ntk (default), analytic nngp, or the empirical NTK of the weights")
-    p.add_argument("--out", required=True, help="output file, .npy or .pt")
-    p.add_argument("--weights", help="a state dict saved with torch.save (loaded weights_only)")
-    p.add_argument("--parameterization", choices=("standard", "ntk"), default="standard",
-                   help="of the analytic kernels (default standard)")
-    p.add_argument("--init", choices=("torch", "infer"), default="torch",
-                   help="the init the analytic kernels assume: torch's default (default), or the "
-                   "variances of the weights (infer, with --weights)")
-    p.add_argument("--W-std", type=float, dest="W_std", metavar="STD",
-                   help="the weights' standard deviation the analytic kernels assume, every layer")
-    p.add_argument("--b-std", type=float, dest="b_std", metavar="STD",
-                   help="the biases' standard deviation the analytic kernels assume, every layer")
-    p.add_argument("--batch-size", type=int, metavar="N",
-                   help="tiles of N x N examples (default: the largest that fits in memory)")
-    p.add_argument("--progress", action="store_true", help="a progress bar on stderr")
-    p.set_defaults(run=kernel)
-
-    p = sub.add_parser("sweep", parents=[common], help="finite vs infinite width over widths",
-                       description="Relative error of freshly initialised models' kernels vs "
-                       "their infinite-width limits, over widths and seeds (ntbridge.analysis).")
-    p.add_argument("model_factory", metavar="MODEL_FACTORY",
-                   help="package.module:callable taking the width, returning an nn.Module")
-    p.add_argument("--widths", required=True, help="comma-separated widths, e.g. 64,256,1024")
-    p.add_argument("--x1", required=True, help="inputs (N1, ...) as .npy or .pt")
-    p.add_argument("--x2", help="inputs (N2, ...) as .npy or .pt (default: x1)")
-    p.add_argument("--seeds", type=int, default=3, help="models per width (default 3)")
-    p.add_argument("--plot", metavar="PATH", help="write a log-log plot (PNG; needs matplotlib)")
-    p.add_argument("--csv", metavar="PATH", help="write the results as CSV")
-    p.add_argument("--parameterization", choices=("standard", "ntk"), default="standard")
-    p.add_argument("--implementation", default="auto", choices=IMPLEMENTATIONS,
-                   help="of the empirical NTK (default auto)")
-    p.set_defaults(run=sweep)
-
-    p = sub.add_parser("compare", parents=[common], help="are two kernels close? (exit 0/1/2)",
-                       description="Compare two kernels entry by entry: exit 0 when "
-                       "|actual - expected| <= atol + rtol |expected| everywhere, 1 when not, "
-                       "2 on bad input (missing file, shape mismatch, non-numeric data).")
-    p.add_argument("expected", help=".npy or .pt")
-    p.add_argument("actual", help=".npy or .pt")
-    p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
-    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0)")
-    p.set_defaults(run=compare)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except (BadInput, NtbridgeError, ImportError, ValueError) as e:
-        print(f"ntbridge {args.command}: error: {e}", file=sys.stderr)
-        return BAD_INPUT
-
-
-if __name__ == "__main__":
-    sys.exit(main())

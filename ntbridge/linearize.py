@@ -26,8 +26,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils import _pytree as pytree
-
+from .compat import tree_leaves, tree_map
 from .errors import InputError, InputTypeError, UnsupportedLayerError
 
 __all__ = ["TaylorExpansion", "linearize", "taylor_expand"]
@@ -105,7 +104,7 @@ class TaylorExpansion(nn.Module):
 
         def fn(p: dict):
             out = functional_call(self._function, {**p, **buffers}, args, kwargs)
-            others = [type(o).__name__ for o in pytree.tree_leaves(out)
+            others = [type(o).__name__ for o in tree_leaves(out)
                       if not isinstance(o, torch.Tensor)]
             if others:
                 raise InputTypeError(f"taylor_expand needs a model returning tensors (or tuples, "
@@ -126,7 +125,7 @@ class TaylorExpansion(nn.Module):
                 f"path may be the cause (nn.MultiheadAttention and nn.TransformerEncoderLayer in "
                 f"eval mode): expand the model in train mode with dropout 0 "
                 f"(expansion.train()).") from None
-        return pytree.tree_map(
+        return tree_map(
             lambda *term: sum(t / math.factorial(j) for j, t in enumerate(term)), *terms)
 
     def extra_repr(self) -> str:
