@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 import ntbridge
-from digits import load
+from digits_data import load
 from ntbridge.predict import gp_inference, gradient_descent_mse_ensemble
 
 QUICK = os.environ.get("NTBRIDGE_EXAMPLE_QUICK") == "1"

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import ntbridge
-from digits import load
+from digits_data import load
 from ntbridge.predict import gp_inference
 
 QUICK = os.environ.get("NTBRIDGE_EXAMPLE_QUICK") == "1"

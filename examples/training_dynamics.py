@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ntbridge
-from digits import load
+from digits_data import load
 from ntbridge.predict import gradient_descent, max_learning_rate
 
 QUICK = os.environ.get("NTBRIDGE_EXAMPLE_QUICK") == "1"
