@@ -1,5 +1,6 @@
-"""Data loading shared by the examples (not an example itself): scikit-learn's digits (8x8 images, 10 classes) as the examples use them: standardised pixels,
-zero-mean one-hot targets, a random train/test split.
+"""Data loading shared by the examples (not an example itself): scikit-learn's digits (8x8
+images, 10 classes) as the examples use them: standardised pixels, zero-mean one-hot targets, a
+random train/test split.
 
 Example:
     >>> from digits_data import load
