@@ -23,6 +23,8 @@ the quick run) the same ResNet with fresh buffers (``running_var = 1``: BN is th
 ``1 / sqrt(1 + eps)``).
 
     python examples/bn_resnet.py   # NTBRIDGE_EXAMPLE_QUICK=1 for a smaller run
+
+Runs in about 31 s on 2 shared CPU cores (`time python examples/bn_resnet.py`).
 """
 
 import math

@@ -27,6 +27,8 @@ adjacency), ...)``, and the rule is Neural Tangents' ``Aggregate`` with a ``patt
 example. Without the graphs (``A_hat = I``) both classes look alike: chance accuracy.
 
     python examples/graph_network.py   # NTBRIDGE_EXAMPLE_QUICK=1 for a smaller run
+
+Runs in about 65 s on 2 shared CPU cores (`time python examples/graph_network.py`).
 """
 
 import math

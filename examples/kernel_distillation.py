@@ -12,6 +12,8 @@ images the support set starts from.
 
 Writes ``kernel_distillation.png`` (the learned images; needs matplotlib: pip install
 'ntbridge[plot]') into DIR (default: the current directory).
+
+Runs in about 8 s on 2 shared CPU cores (`time python examples/kernel_distillation.py`).
 """
 
 import argparse

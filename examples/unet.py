@@ -16,6 +16,8 @@ t = infinity mean of an infinite ensemble trained by gradient descent on the MSE
 zero-mean one-hot targets; the class is the largest score.
 
     python examples/unet.py   # NTBRIDGE_EXAMPLE_QUICK=1 for a smaller run
+
+Runs in about 13 s on 2 shared CPU cores (`time python examples/unet.py`).
 """
 
 import math
