@@ -10,8 +10,8 @@ marginal likelihood) to a quadratic bowl on 16 points of the unit cube, twice:
   standard deviations scales the kernel, trading off against the outputscale; the fit drifts to
   weight_std 29, bias_std 18, outputscale 1e-6, for 0.01 nats per point of likelihood.
 
-Both predict 200 held-out points about equally well (test RMSE 0.092 and 0.094). Runs in about
-20 s of CPU time on 2 cores (40 s wall-clock on shared ones), most of it JAX's compilation.
+Both predict 200 held-out points about equally well (test RMSE 0.092 and 0.094). Most of the time
+is JAX's compilation.
 
     python examples/gp_fit.py
 
