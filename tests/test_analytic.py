@@ -9,15 +9,8 @@ from torch import nn
 
 import ntbridge
 
+from helpers import mlp
 from montecarlo import B_STD, W_STD, assert_within_standard_error, sample_kernels
-
-
-def mlp(d_in, widths, d_out, bias=True):
-    layers, fan_in = [], d_in
-    for w in widths:
-        layers += [nn.Linear(fan_in, w, bias=bias), nn.ReLU()]
-        fan_in = w
-    return nn.Sequential(*layers, nn.Linear(fan_in, d_out, bias=bias))
 
 
 def test_one_relu_layer_nngp_matches_numpy_arccos_kernel():

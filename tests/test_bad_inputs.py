@@ -15,12 +15,9 @@ from torch import nn
 
 import ntbridge
 from ntbridge import errors
+from helpers import mlp
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "bad-inputs.md")
-
-
-def mlp():
-    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
 
 
 X = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
@@ -154,10 +151,10 @@ ROWS = {
                               r"x1 is on meta, but JAX has no backend for it.*x1.cpu\(\)"),
     "x1-x2-on-different-devices": ("all", lambda f, m: f(m, X, X.to("meta")), errors.InputError,
                                    r"x1 is on cpu and x2 on meta"),
-    "model-on-meta-device": ("all", lambda f, m: f(mlp().to("meta"), X), errors.InputError,
+    "model-on-meta-device": ("all", lambda f, m: f(mlp(4, [8], 2).to("meta"), X), errors.InputError,
                              r"the model's 0.weight is on the meta device, which holds no data.*"
                              r"model.to_empty\(device='cpu'\)"),
-    "model-dtype-mismatch": (lambda: mlp().double(), lambda m, p: ntbridge.empirical_ntk(m, X),
+    "model-dtype-mismatch": (lambda: mlp(4, [8], 2).double(), lambda m, p: ntbridge.empirical_ntk(m, X),
                              errors.InputTypeError, r"parameters are float64 but x1 is torch.float32"),
     "train-mode-dropout": (lambda: nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5)).train(),
                            lambda m, p: ntbridge.empirical_ntk(m, X), errors.UnsupportedLayerError,
@@ -269,7 +266,7 @@ FEATURE_MAPS = {
 def test_feature_maps_refuse_as_the_kernels_do(entry, name, tmp_path):
     """The rows of one input, for the feature maps: the same refusal, naming their argument x."""
     _, call, exc, message = ROWS[name]
-    model = mlp()
+    model = mlp(4, [8], 2)
     before = snapshot(model, tmp_path)
     with pytest.raises(exc, match=message.replace("x1", "x")) as info:
         call(FEATURE_MAPS[entry], model)
@@ -281,14 +278,14 @@ def test_feature_maps_refuse_as_the_kernels_do(entry, name, tmp_path):
 def test_feature_maps_take_half_precision_as_the_kernels_do(entry):
     """float16 inputs: computed and returned in float32, as by every kernel function."""
     x = X.half()
-    phi = FEATURE_MAPS[entry](mlp(), x)
-    assert phi.dtype == torch.float32 and ntbridge.ntk(mlp(), x).dtype == torch.float32
-    torch.testing.assert_close(phi, FEATURE_MAPS[entry](mlp(), x.float()), rtol=0, atol=0)
+    phi = FEATURE_MAPS[entry](mlp(4, [8], 2), x)
+    assert phi.dtype == torch.float32 and ntbridge.ntk(mlp(4, [8], 2), x).dtype == torch.float32
+    torch.testing.assert_close(phi, FEATURE_MAPS[entry](mlp(4, [8], 2), x.float()), rtol=0, atol=0)
 
 
 def test_state_is_intact_after_refusals():
     """Refused calls leave no broken cache behind: the same model still computes."""
-    model = mlp()
+    model = mlp(4, [8], 2)
     for bad in (X.long(), with_value(X, (0, 0), float("nan")), X[:0]):
         with pytest.raises(errors.InputError):
             ntbridge.ntk(model, bad)
@@ -301,7 +298,7 @@ def test_out_file_row(name, tmp_path):
     path = tmp_path / "k.npy"
     make, message = OUT_FILES[name]
     make(path)
-    model = mlp()
+    model = mlp(4, [8], 2)
     before = snapshot(model, tmp_path)
     with pytest.raises(errors.InputError, match=message):
         ntbridge.ntk(model, X, out=str(path))
@@ -312,7 +309,7 @@ def test_out_file_row(name, tmp_path):
 @pytest.mark.parametrize("entry", ["ntk", "empirical_ntk", "empirical_nngp"])
 def test_unusual_layouts_work(layout, entry):
     """Rows non-contiguous-input and misaligned-input: accepted, same result as a plain tensor."""
-    model = mlp()
+    model = mlp(4, [8], 2)
     odd = X.T.contiguous().T if layout == "non-contiguous" else misaligned(X)
     assert odd.is_contiguous() == (layout == "misaligned") and torch.equal(odd, X)
     expected = ENTRY_POINTS[entry](model, X)
@@ -330,7 +327,7 @@ def test_catalogue_page_lists_exactly_the_tested_rows():
 
 def test_numpy_floats_are_accepted_as_stds():
     """Any finite real number is a valid W_std/b_std (numpy scalars included)."""
-    model = mlp()
+    model = mlp(4, [8], 2)
     expected = ntbridge.ntk(model, X, W_std=1.5, b_std=0.1)
     got = ntbridge.ntk(model, X, W_std=np.float32(1.5), b_std={"0": np.float64(0.1), "2": 0.1})
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
