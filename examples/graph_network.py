@@ -41,7 +41,7 @@ import ntbridge
 from ntbridge.predict import gp_inference, gradient_descent_mse_ensemble
 
 QUICK = os.environ.get("NTBRIDGE_EXAMPLE_QUICK") == "1"
-N_TRAIN, N_TEST = (150, 150) if QUICK else (400, 400)
+N_TRAIN, N_TEST = (80, 80) if QUICK else (400, 400)
 NODES, DIFFUSION = 20, 1.0
 
 

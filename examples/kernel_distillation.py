@@ -27,7 +27,7 @@ from digits_data import load
 from ntbridge.predict import gp_inference
 
 QUICK = os.environ.get("NTBRIDGE_EXAMPLE_QUICK") == "1"
-STEPS, BATCH = (15, 100) if QUICK else (100, 300)
+STEPS, BATCH = (8, 60) if QUICK else (100, 300)
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--out", default=".", metavar="DIR", help="where to write the plot")
 out = parser.parse_args().out

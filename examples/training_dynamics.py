@@ -27,8 +27,8 @@ from digits_data import load
 from ntbridge.predict import gradient_descent, max_learning_rate
 
 QUICK = os.environ.get("NTBRIDGE_EXAMPLE_QUICK") == "1"
-N_TRAIN, N_TEST, WIDTH = (100, 200, 128) if QUICK else (300, 500, 512)
-STEPS, SWEEP_STEPS = (100, 60) if QUICK else (300, 150)
+N_TRAIN, N_TEST, WIDTH = (50, 100, 64) if QUICK else (300, 500, 512)
+STEPS, SWEEP_STEPS = (40, 20) if QUICK else (300, 150)
 
 x, y, labels, train, test = load(N_TRAIN, N_TEST)
 one_hot = F.one_hot(labels, 10).double()
