@@ -31,7 +31,7 @@ from digits_data import load
 from ntbridge.predict import gp_inference, gradient_descent_mse_ensemble
 
 QUICK = os.environ.get("NTBRIDGE_EXAMPLE_QUICK") == "1"
-N_TRAIN, N_TEST = (200, 200) if QUICK else (1000, 797)
+N_TRAIN, N_TEST = (100, 100) if QUICK else (1000, 797)
 
 
 class UNet(nn.Module):

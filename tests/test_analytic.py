@@ -88,7 +88,7 @@ def test_hyperparameters_init_infer_and_explicit():
 # ---------------------------------------------------------------- Monte-Carlo over random inits
 
 @pytest.mark.slow
-@pytest.mark.parametrize("widths,samples", [([512], 200), ([512, 512], 100)])
+@pytest.mark.parametrize("widths,samples", [([512], 100), ([512, 512], 50)])
 @pytest.mark.parametrize("parameterization", ["standard", "ntk"])
 def test_analytic_kernels_match_monte_carlo_of_wide_networks(widths, samples, parameterization):
     # One hidden layer: the expected empirical kernels equal the analytic ones at any width. Two:

@@ -163,7 +163,7 @@ def test_attention_kernels_match_monte_carlo():
     error = ntbridge.expectation_error(model, x)
     assert 0 < error < 0.02
     for get in ("nngp", "ntk"):
-        est = ntbridge.monte_carlo(model, x, n_samples=64, get=get)
+        est = ntbridge.monte_carlo(model, x, n_samples=32, get=get)
         _close(est, getattr(k, get), error)
 
 
@@ -173,7 +173,7 @@ def test_text_classifier_nngp_matches_monte_carlo():
     ids = torch.randint(0, 12, (3, 5))
     model = TextClassifier(vocab=12, d=128, length=5, heads=8).double().eval()
     analytic = ntbridge.nngp(model, ids)
-    est = ntbridge.monte_carlo(model, ids, n_samples=200, get="nngp")
+    est = ntbridge.monte_carlo(model, ids, n_samples=100, get="nngp")
     _close(est, analytic, ntbridge.expectation_error(model, ids, get="nngp"))
 
 
