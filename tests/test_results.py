@@ -104,7 +104,7 @@ def test_results_are_writable_and_private(name, options, tmp_path):
 def test_width_sweep_results_are_writable_and_private(given_x2, dtype):
     x1, x2 = X1[:4].to(dtype), X2[:3].to(dtype) if given_x2 else None
     check_writable_and_private(
-        lambda: ntbridge.analysis.width_sweep(mlp, [4, 8], x1, x2, n_seeds=2, implementation="jacobian"))
+        lambda: ntbridge.analysis.width_sweep(lambda width: mlp(3, [width], 2), [4, 8], x1, x2, n_seeds=2, implementation="jacobian"))
 
 
 def test_monte_carlo_running_estimates_do_not_share_the_running_mean():
