@@ -1,6 +1,8 @@
 """Quickstart: the infinite-width kernels of a torch MLP, its empirical NTK, and a Monte-Carlo check.
 
     python examples/quickstart.py          # NTBRIDGE_EXAMPLE_QUICK=1 for a smaller run
+
+Runs in about 7 s on 2 shared CPU cores (`time python examples/quickstart.py`).
 """
 
 import os

@@ -9,6 +9,8 @@ then a learning-rate sweep across the stability limit ``ntbridge.predict.max_lea
   has eigenvalues at most 1/2 (``loss_curvature=0.5``), on the network's empirical NTK.
 
     python examples/training_dynamics.py   # NTBRIDGE_EXAMPLE_QUICK=1 for a smaller run
+
+Runs in about 75 s on 2 shared CPU cores (`time python examples/training_dynamics.py`).
 """
 
 import copy
@@ -21,12 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import ntbridge
-from digits import load
+from digits_data import load
 from ntbridge.predict import gradient_descent, max_learning_rate
 
 QUICK = os.environ.get("NTBRIDGE_EXAMPLE_QUICK") == "1"
-N_TRAIN, N_TEST, WIDTH = (100, 200, 128) if QUICK else (300, 500, 512)
-STEPS, SWEEP_STEPS = (100, 60) if QUICK else (300, 150)
+N_TRAIN, N_TEST, WIDTH = (50, 100, 64) if QUICK else (300, 500, 512)
+STEPS, SWEEP_STEPS = (40, 20) if QUICK else (300, 150)
 
 x, y, labels, train, test = load(N_TRAIN, N_TEST)
 one_hot = F.one_hot(labels, 10).double()

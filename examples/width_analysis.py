@@ -5,6 +5,8 @@ CSV and a log-log plot.
 
 Writes ``width_analysis.png`` and ``width_analysis.csv`` into DIR (default: the current directory).
 The slope approaches -0.5 as the widths grow; deeper networks reach that regime at larger widths.
+
+Runs in about 8 s on 2 shared CPU cores (`time python examples/width_analysis.py`).
 """
 
 import argparse

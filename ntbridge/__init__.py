@@ -20,7 +20,7 @@ import types
 from typing import TYPE_CHECKING
 
 # JAX preallocates most of a GPU's memory on first use, starving torch in the same process.
-# Unless the user configured it, ntbridge asks JAX to allocate on demand (see the README).
+# Unless the user configured it, ntbridge asks JAX to allocate on demand (see docs/scale.md, GPUs).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 __version__ = "0.1.0"

@@ -9,15 +9,8 @@ from torch import nn
 
 import ntbridge
 
+from helpers import mlp
 from montecarlo import B_STD, W_STD, assert_within_standard_error, sample_kernels
-
-
-def mlp(d_in, widths, d_out, bias=True):
-    layers, fan_in = [], d_in
-    for w in widths:
-        layers += [nn.Linear(fan_in, w, bias=bias), nn.ReLU()]
-        fan_in = w
-    return nn.Sequential(*layers, nn.Linear(fan_in, d_out, bias=bias))
 
 
 def test_one_relu_layer_nngp_matches_numpy_arccos_kernel():
@@ -95,7 +88,7 @@ def test_hyperparameters_init_infer_and_explicit():
 # ---------------------------------------------------------------- Monte-Carlo over random inits
 
 @pytest.mark.slow
-@pytest.mark.parametrize("widths,samples", [([512], 200), ([512, 512], 100)])
+@pytest.mark.parametrize("widths,samples", [([512], 100), ([512, 512], 50)])
 @pytest.mark.parametrize("parameterization", ["standard", "ntk"])
 def test_analytic_kernels_match_monte_carlo_of_wide_networks(widths, samples, parameterization):
     # One hidden layer: the expected empirical kernels equal the analytic ones at any width. Two:

@@ -21,13 +21,10 @@ from ntbridge.empirical.reinit import sample_seed
 from ntbridge.errors import UnsupportedLayerError
 
 from export_zoo import ZOO, example
+from helpers import max_relative_error
 from reference import full_ntk
 
 NTK_RTOL = {torch.float64: 1e-10, torch.float32: 1e-5}
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
 
 
 # the LSTM by "structured" (its shared weights fall back to Jacobians), the attention in float32;
@@ -45,7 +42,7 @@ def test_empirical_ntk_matches_torch_func(name, implementation):
                                      return_info=True)
     expected = full_ntk(model, x1, x2, batch=True)  # independent examples: the joint batch's rows
     assert k.dtype == torch.float64 and k.shape == expected.shape
-    assert relative_error(k, expected) <= NTK_RTOL[torch.float64]
+    assert max_relative_error(k, expected) <= NTK_RTOL[torch.float64]
     assert info.path == "torch.export" and "torch.export" in repr(info)
 
 
@@ -70,7 +67,7 @@ def test_float32_and_auto():
     k, info = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), return_info=True)
     assert k.dtype == torch.float32 and info.path == "torch.export"
     assert info.implementation in ("jacobian", "ntvp", "structured")
-    assert relative_error(k, full_ntk(model, x1, x2, batch=True)) <= NTK_RTOL[torch.float32]
+    assert max_relative_error(k, full_ntk(model, x1, x2, batch=True)) <= NTK_RTOL[torch.float32]
 
 
 def test_converted_models_keep_the_layer_path():
@@ -86,13 +83,13 @@ def test_token_ids_and_nngp():
     assert ids1.dtype == torch.int64
     k = ntbridge.empirical_ntk(model, ids1, ids2, trace_axes=())
     assert k.dtype == torch.float64
-    assert relative_error(k, full_ntk(model, ids1, ids2, batch=True)) <= NTK_RTOL[torch.float64]
+    assert max_relative_error(k, full_ntk(model, ids1, ids2, batch=True)) <= NTK_RTOL[torch.float64]
     with torch.no_grad():
         f1, f2 = model(ids1), model(ids2)
     nngp = ntbridge.empirical_nngp(model, ids1, ids2, trace_axes=())
-    assert relative_error(nngp, torch.einsum("ai,bj->abij", f1, f2)) <= 1e-12
+    assert max_relative_error(nngp, torch.einsum("ai,bj->abij", f1, f2)) <= 1e-12
     traced = ntbridge.empirical_nngp(model, ids1)
-    assert relative_error(traced, f1 @ f1.T / f1.shape[1]) <= 1e-12 and torch.equal(traced, traced.T)
+    assert max_relative_error(traced, f1 @ f1.T / f1.shape[1]) <= 1e-12 and torch.equal(traced, traced.T)
 
 
 def test_tiles_equal_the_whole():
@@ -118,8 +115,8 @@ def test_translation_is_exported_once_and_reads_current_weights(monkeypatch):
     second = ntbridge.empirical_ntk(model, x1, x2, implementation="jacobian")
     expected = full_ntk(model, x1, x2, batch=True).diagonal(dim1=2, dim2=3).mean(-1)
     assert len(exports) == 1
-    assert relative_error(second, expected) <= NTK_RTOL[torch.float64]
-    assert relative_error(first, expected) > 1e-3
+    assert max_relative_error(second, expected) <= NTK_RTOL[torch.float64]
+    assert max_relative_error(first, expected) > 1e-3
 
 
 def reference_monte_carlo(model: nn.Module, x1: torch.Tensor, n_samples: int, seed: int):
@@ -144,8 +141,8 @@ def test_monte_carlo_reinitialises_with_reset_parameters():
     estimates = list(ntbridge.monte_carlo(model, ids, n_samples=[1, 3], seed=5))
     mean, error = reference_monte_carlo(model, ids, 3, seed=5)
     assert [e.n_samples for e in estimates] == [1, 3]
-    assert relative_error(estimates[-1].mean, mean) <= 1e-10
-    assert relative_error(estimates[-1].standard_error, error) <= 1e-8
+    assert max_relative_error(estimates[-1].mean, mean) <= 1e-10
+    assert max_relative_error(estimates[-1].standard_error, error) <= 1e-8
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())  # untouched
     nngp = ntbridge.monte_carlo(model, ids, n_samples=2, get="nngp")
     assert nngp.mean.shape == (3, 3) and torch.equal(nngp.mean, nngp.mean.T)

@@ -11,9 +11,10 @@ for softmax attention, the analytic kernel's own reported error is added in quad
 
 The inputs have enough features that the first layer's pre-activations, sums of uniform weights,
 are close to Gaussian, as the analytic kernel assumes: with few inputs the uniform init's kernel
-differs from the Gaussian one at any width (see the README's width rates). The models' finite
-width biases their mean kernels by about 1% of the largest entry (0.7% for the graph network's NTK
-at 256 channels, 0.2% at 1024), below the resolution of these samples (standard errors of 0.1-1.3%).
+differs from the Gaussian one at any width (docs/empirical.md, benchmarks/README.md). The models'
+finite width biases their mean kernels by about 1% of the largest entry (0.7% for the graph
+network's NTK at 256 channels, 0.2% at 1024), below the resolution of these samples (standard
+errors of 0.1-1.3%).
 """
 
 from collections.abc import Callable

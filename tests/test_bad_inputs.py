@@ -5,6 +5,7 @@ leaves nothing half-done: the model's weights, buffers and mode are unchanged, n
 (or changes inside) the working directory, and the same call with good input still works.
 """
 
+import functools
 import os
 import re
 
@@ -15,12 +16,11 @@ from torch import nn
 
 import ntbridge
 from ntbridge import errors
+from helpers import mlp
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "bad-inputs.md")
 
-
-def mlp():
-    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+small_mlp = functools.partial(mlp, 4, [8], 2)  # 4 -> 8 -> 2, ReLU
 
 
 X = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
@@ -121,7 +121,7 @@ ROWS = {
     "no-analytic-rule": (lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Tanh()),
                          lambda m, p: ntbridge.ntk(m, X), errors.UnsupportedLayerError,
                          r"module 2 '2' \(Tanh\).*needs a Gaussian input"),
-    "not-a-module": (mlp, lambda m, p: ntbridge.ntk(lambda x: x, X), errors.InputTypeError,
+    "not-a-module": (small_mlp, lambda m, p: ntbridge.ntk(lambda x: x, X), errors.InputTypeError,
                      r"model must be a torch.nn.Module, got function"),
     "not-a-tensor": ("all", lambda f, m: f(m, X.tolist()), errors.InputTypeError,
                      r"x1 must be a torch.Tensor, got list"),
@@ -154,10 +154,10 @@ ROWS = {
                               r"x1 is on meta, but JAX has no backend for it.*x1.cpu\(\)"),
     "x1-x2-on-different-devices": ("all", lambda f, m: f(m, X, X.to("meta")), errors.InputError,
                                    r"x1 is on cpu and x2 on meta"),
-    "model-on-meta-device": ("all", lambda f, m: f(mlp().to("meta"), X), errors.InputError,
+    "model-on-meta-device": ("all", lambda f, m: f(small_mlp().to("meta"), X), errors.InputError,
                              r"the model's 0.weight is on the meta device, which holds no data.*"
                              r"model.to_empty\(device='cpu'\)"),
-    "model-dtype-mismatch": (lambda: mlp().double(), lambda m, p: ntbridge.empirical_ntk(m, X),
+    "model-dtype-mismatch": (lambda: small_mlp().double(), lambda m, p: ntbridge.empirical_ntk(m, X),
                              errors.InputTypeError, r"parameters are float64 but x1 is torch.float32"),
     "train-mode-dropout": (lambda: nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5)).train(),
                            lambda m, p: ntbridge.empirical_ntk(m, X), errors.UnsupportedLayerError,
@@ -168,11 +168,11 @@ ROWS = {
                                  r"batch_size=2: this kernel of x1 with itself cannot be tiled"),
     "no-parameters": (lambda: nn.Sequential(nn.ReLU()), lambda m, p: ntbridge.empirical_ntk(m, X),
                       errors.InputError, r"no parameters.*empirical_nngp"),
-    "trace-axes-out-of-range": (mlp, lambda m, p: ntbridge.empirical_ntk(m, X, trace_axes=(2,)),
+    "trace-axes-out-of-range": (small_mlp, lambda m, p: ntbridge.empirical_ntk(m, X, trace_axes=(2,)),
                                 errors.InputError, r"trace_axes=\(2,\) names an axis the output"),
-    "trace-axes-not-a-sequence": (mlp, lambda m, p: ntbridge.empirical_ntk(m, X, trace_axes=1),
+    "trace-axes-not-a-sequence": (small_mlp, lambda m, p: ntbridge.empirical_ntk(m, X, trace_axes=1),
                                   errors.InputError, r"trace_axes must be a tuple of ints, got 1"),
-    "trace-and-diagonal-overlap": (mlp, lambda m, p: ntbridge.empirical_ntk(
+    "trace-and-diagonal-overlap": (small_mlp, lambda m, p: ntbridge.empirical_ntk(
         m, X, trace_axes=(-1,), diagonal_axes=(1,)), errors.InputError, r"overlap"),
     "negative-batch-size": ("all", lambda f, m: f(m, X, batch_size=-1), errors.InputError,
                             r"batch_size must be >= 0"),
@@ -180,23 +180,23 @@ ROWS = {
                            r"batch_size must be an int, got 2.0"),
     "too-many-devices": ("all", lambda f, m: f(m, X, device_count=99), errors.InputError,
                          r"device_count=99 but only \d+ local cpu devices exist"),
-    "w-std-wrong-type": (mlp, lambda m, p: ntbridge.ntk(m, X, W_std="1.0"), errors.InputTypeError,
+    "w-std-wrong-type": (small_mlp, lambda m, p: ntbridge.ntk(m, X, W_std="1.0"), errors.InputTypeError,
                          r"W_std must be a non-negative float"),
-    "w-std-not-finite": (mlp, lambda m, p: ntbridge.ntk(m, X, b_std=float("nan")),
+    "w-std-not-finite": (small_mlp, lambda m, p: ntbridge.ntk(m, X, b_std=float("nan")),
                          errors.InputError, r"b_std must be finite and non-negative.*got nan"),
-    "w-std-unknown-module": (mlp, lambda m, p: ntbridge.ntk(m, X, W_std={"7": 1.0}),
+    "w-std-unknown-module": (small_mlp, lambda m, p: ntbridge.ntk(m, X, W_std={"7": 1.0}),
                              errors.InputError, r"W_std names \['7'\].*valid names: \['0', '2'\]"),
-    "unknown-option": (mlp, lambda m, p: ntbridge.ntk(m, X, parameterization="mean-field"),
+    "unknown-option": (small_mlp, lambda m, p: ntbridge.ntk(m, X, parameterization="mean-field"),
                        errors.InputError, r"parameterization must be one of"),
-    "unknown-implementation": (mlp, lambda m, p: ntbridge.empirical_ntk(m, X, implementation="fast"),
+    "unknown-implementation": (small_mlp, lambda m, p: ntbridge.empirical_ntk(m, X, implementation="fast"),
                                errors.InputError, r"implementation must be one of"),
-    "out-not-npy": (mlp, lambda m, p: ntbridge.ntk(m, X, out=str(p / "k.txt")), errors.InputError,
+    "out-not-npy": (small_mlp, lambda m, p: ntbridge.ntk(m, X, out=str(p / "k.txt")), errors.InputError,
                     r"out must be a path ending in .npy"),
-    "out-missing-directory": (mlp, lambda m, p: ntbridge.ntk(m, X, out=str(p / "no" / "k.npy")),
+    "out-missing-directory": (small_mlp, lambda m, p: ntbridge.ntk(m, X, out=str(p / "no" / "k.npy")),
                               errors.InputError, r"its directory does not exist"),
-    "out-two-kernels": (mlp, lambda m, p: ntbridge.kernel(m, X, out=str(p / "k.npy")),
+    "out-two-kernels": (small_mlp, lambda m, p: ntbridge.kernel(m, X, out=str(p / "k.npy")),
                         errors.InputError, r"out= stores one kernel"),
-    "out-with-gradient": (mlp, lambda m, p: ntbridge.ntk(m, X.clone().requires_grad_(),
+    "out-with-gradient": (small_mlp, lambda m, p: ntbridge.ntk(m, X.clone().requires_grad_(),
                                                          out=str(p / "k.npy")),
                           errors.InputError, r"out= writes the kernel to a file, which carries no "
                                              r"autograd history, but x1 or x2 requires grad"),
@@ -235,7 +235,7 @@ def cases():
     for name, (model, call, exc, message) in ROWS.items():
         if model == "all":
             for entry in ENTRY_POINTS:
-                yield pytest.param(name, mlp, call, exc, message, entry, id=f"{name}-{entry}")
+                yield pytest.param(name, small_mlp, call, exc, message, entry, id=f"{name}-{entry}")
         else:
             yield pytest.param(name, model, call, exc, message, None, id=name)
 
@@ -269,7 +269,7 @@ FEATURE_MAPS = {
 def test_feature_maps_refuse_as_the_kernels_do(entry, name, tmp_path):
     """The rows of one input, for the feature maps: the same refusal, naming their argument x."""
     _, call, exc, message = ROWS[name]
-    model = mlp()
+    model = small_mlp()
     before = snapshot(model, tmp_path)
     with pytest.raises(exc, match=message.replace("x1", "x")) as info:
         call(FEATURE_MAPS[entry], model)
@@ -281,14 +281,14 @@ def test_feature_maps_refuse_as_the_kernels_do(entry, name, tmp_path):
 def test_feature_maps_take_half_precision_as_the_kernels_do(entry):
     """float16 inputs: computed and returned in float32, as by every kernel function."""
     x = X.half()
-    phi = FEATURE_MAPS[entry](mlp(), x)
-    assert phi.dtype == torch.float32 and ntbridge.ntk(mlp(), x).dtype == torch.float32
-    torch.testing.assert_close(phi, FEATURE_MAPS[entry](mlp(), x.float()), rtol=0, atol=0)
+    phi = FEATURE_MAPS[entry](small_mlp(), x)
+    assert phi.dtype == torch.float32 and ntbridge.ntk(small_mlp(), x).dtype == torch.float32
+    torch.testing.assert_close(phi, FEATURE_MAPS[entry](small_mlp(), x.float()), rtol=0, atol=0)
 
 
 def test_state_is_intact_after_refusals():
     """Refused calls leave no broken cache behind: the same model still computes."""
-    model = mlp()
+    model = small_mlp()
     for bad in (X.long(), with_value(X, (0, 0), float("nan")), X[:0]):
         with pytest.raises(errors.InputError):
             ntbridge.ntk(model, bad)
@@ -301,7 +301,7 @@ def test_out_file_row(name, tmp_path):
     path = tmp_path / "k.npy"
     make, message = OUT_FILES[name]
     make(path)
-    model = mlp()
+    model = small_mlp()
     before = snapshot(model, tmp_path)
     with pytest.raises(errors.InputError, match=message):
         ntbridge.ntk(model, X, out=str(path))
@@ -312,7 +312,7 @@ def test_out_file_row(name, tmp_path):
 @pytest.mark.parametrize("entry", ["ntk", "empirical_ntk", "empirical_nngp"])
 def test_unusual_layouts_work(layout, entry):
     """Rows non-contiguous-input and misaligned-input: accepted, same result as a plain tensor."""
-    model = mlp()
+    model = small_mlp()
     odd = X.T.contiguous().T if layout == "non-contiguous" else misaligned(X)
     assert odd.is_contiguous() == (layout == "misaligned") and torch.equal(odd, X)
     expected = ENTRY_POINTS[entry](model, X)
@@ -330,7 +330,7 @@ def test_catalogue_page_lists_exactly_the_tested_rows():
 
 def test_numpy_floats_are_accepted_as_stds():
     """Any finite real number is a valid W_std/b_std (numpy scalars included)."""
-    model = mlp()
+    model = small_mlp()
     expected = ntbridge.ntk(model, X, W_std=1.5, b_std=0.1)
     got = ntbridge.ntk(model, X, W_std=np.float32(1.5), b_std={"0": np.float64(0.1), "2": 0.1})
     torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -15,13 +15,10 @@ from ntbridge.empirical import STRATEGIES, StrategyInfo, empirical_ntk_fn
 from ntbridge.empirical.structured import affine_tail
 from ntbridge.errors import BatchStatisticsWarning, InputError, InputTypeError
 
+from helpers import frobenius_relative_error
 from reference import full_ntk
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
-
-
-def rel_error(a, b):
-    return (torch.linalg.norm(a - b) / torch.linalg.norm(b)).item()
 
 
 def deep_mlp(dtype):
@@ -38,8 +35,8 @@ def assert_by_layer(model, x1, x2, impl, dtype):
     for name, part in parts.items():
         names = {n for n, _ in model.named_parameters() if n.rsplit(".", 1)[0] == name}
         assert part.dtype == dtype
-        assert rel_error(part, full_ntk(model, x1, x2, names)) <= TOL[dtype]
-    assert rel_error(sum(parts.values()), full_ntk(model, x1, x2)) <= TOL[dtype]
+        assert frobenius_relative_error(part, full_ntk(model, x1, x2, names)) <= TOL[dtype]
+    assert frobenius_relative_error(sum(parts.values()), full_ntk(model, x1, x2)) <= TOL[dtype]
 
 
 @pytest.mark.slow
@@ -53,12 +50,12 @@ def test_deep_mlp_matches_torch_func(impl, dtype):
     if dtype == torch.float64:  # each dtype checks one more axes rule (compiles are slow)
         got = ntbridge.empirical_ntk(model, x1, x2, implementation=impl)
         assert got.shape == (7, 4)
-        assert rel_error(got, torch.diagonal(full, dim1=2, dim2=3).mean(-1)) <= TOL[dtype]
+        assert frobenius_relative_error(got, torch.diagonal(full, dim1=2, dim2=3).mean(-1)) <= TOL[dtype]
     else:
         diag = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), diagonal_axes=(-1,),
                                       implementation=impl)
         assert diag.shape == (7, 4, 3)
-        assert rel_error(diag, torch.diagonal(full, dim1=2, dim2=3)) <= TOL[dtype]
+        assert frobenius_relative_error(diag, torch.diagonal(full, dim1=2, dim2=3)) <= TOL[dtype]
 
 
 @pytest.mark.slow
@@ -69,14 +66,14 @@ def test_many_outputs_on_two_axes(impl):
     x1, x2 = torch.randn(5, 3, 5), torch.randn(3, 3, 5)
     full = full_ntk(model, x1, x2)  # (N1, N2, 3, 12, 3, 12)
     got = ntbridge.empirical_ntk(model, x1, x2, implementation=impl)
-    assert rel_error(got, torch.einsum("nmaobo->nmab", full) / 12) <= 1e-5
+    assert frobenius_relative_error(got, torch.einsum("nmaobo->nmab", full) / 12) <= 1e-5
     got = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), diagonal_axes=(1,),
                                  implementation=impl)
     assert got.shape == (5, 3, 3, 12, 12)
-    assert rel_error(got, torch.einsum("nmaoap->nmaop", full)) <= 1e-5
+    assert frobenius_relative_error(got, torch.einsum("nmaoap->nmaop", full)) <= 1e-5
     sym = ntbridge.empirical_ntk(model, x1, implementation=impl)
     assert torch.equal(sym, sym.permute(1, 0, 3, 2))
-    assert rel_error(sym, torch.einsum("nmaobo->nmab", full_ntk(model, x1, x1)) / 12) <= 1e-5
+    assert frobenius_relative_error(sym, torch.einsum("nmaobo->nmab", full_ntk(model, x1, x1)) / 12) <= 1e-5
 
 
 @pytest.mark.slow
@@ -86,7 +83,7 @@ def test_cnn_matches_torch_func():
     x1, x2 = torch.randn(3, 3, 8, 8), torch.randn(2, 3, 8, 8)
     full = full_ntk(model, x1, x2)
     for impl in STRATEGIES:
-        assert rel_error(ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), implementation=impl),
+        assert frobenius_relative_error(ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), implementation=impl),
                          full) <= 1e-5
 
 
@@ -136,7 +133,7 @@ def test_cnn_structured_matches_torch_func_by_layer():
     assert_by_layer(model, x1, x2, "structured", torch.float64)
     got = ntbridge.empirical_ntk(model, x1, x2, implementation="structured")
     want = torch.diagonal(full_ntk(model, x1, x2), dim1=2, dim2=3).mean(-1)
-    assert rel_error(got, want) <= TOL[torch.float64]
+    assert frobenius_relative_error(got, want) <= TOL[torch.float64]
 
 
 def test_cnn_1d_structured_matches_torch_func():
@@ -148,7 +145,7 @@ def test_cnn_1d_structured_matches_torch_func():
     assert_by_layer(model, x1, x2, "structured", torch.float32)
     got = ntbridge.empirical_ntk(model, x1, implementation="structured")
     want = torch.diagonal(full_ntk(model, x1, x1), dim1=2, dim2=3).mean(-1)
-    assert rel_error(got, want) <= TOL[torch.float32]
+    assert frobenius_relative_error(got, want) <= TOL[torch.float32]
 
 
 class _SkipToOutput(nn.Module):
@@ -222,7 +219,7 @@ def test_auto_reports_its_choice_and_caches_it():
     assert set(info.costs) == set(STRATEGIES) and info.implementation in info.reason
     best = min(info.costs, key=lambda s: info.costs[s]["estimated_s"])
     assert info.implementation == best
-    assert rel_error(k, torch.einsum("nmoo->nm", full_ntk(model, x1, x2)) / 3) <= 1e-5
+    assert frobenius_relative_error(k, torch.einsum("nmoo->nm", full_ntk(model, x1, x2)) / 3) <= 1e-5
     assert ntbridge.empirical_ntk(model, x1 + 1, x2, return_info=True)[1] is info  # cached
 
 
@@ -254,12 +251,12 @@ def test_batch_statistics_use_the_joint_batch():
     x1, x2 = torch.randn(5, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
     k, info = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), return_info=True)
     assert info.implementation == "jacobian" and "interact" in info.reason
-    assert rel_error(k, full_ntk(model, x1, x2, batch=True)) <= 1e-10
+    assert frobenius_relative_error(k, full_ntk(model, x1, x2, batch=True)) <= 1e-10
     for impl in ("ntvp", "structured"):
         with pytest.raises(InputError, match="interact"):
             ntbridge.empirical_ntk(model, x1, x2, implementation=impl)
     f = model(torch.cat([x1, x2])).detach()
-    assert rel_error(ntbridge.empirical_nngp(model, x1, x2), f[:5] @ f[5:].T / 2) <= 1e-10
+    assert frobenius_relative_error(ntbridge.empirical_nngp(model, x1, x2), f[:5] @ f[5:].T / 2) <= 1e-10
 
 
 def test_batch_statistics_warn_naming_the_module():
@@ -276,7 +273,7 @@ def test_batch_statistics_warn_naming_the_module():
         assert record[0].filename == __file__
         with pytest.warns(BatchStatisticsWarning):
             part = fn(model, x1, x2[:2])
-        assert rel_error(part, whole[:, :2]) > 1e-3  # the same pairs, another batch
+        assert frobenius_relative_error(part, whole[:, :2]) > 1e-3  # the same pairs, another batch
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ntbridge.empirical_ntk(model.eval(), x1, x2)
@@ -288,7 +285,7 @@ def test_empirical_nngp_and_symmetry():
     full = ntbridge.empirical_ntk(model, x, trace_axes=())
     assert torch.equal(full, full.permute(1, 0, 3, 2))
     f = model(x).detach()
-    assert rel_error(ntbridge.empirical_nngp(model, x), f @ f.T / 3) <= 1e-5
+    assert frobenius_relative_error(ntbridge.empirical_nngp(model, x), f @ f.T / 3) <= 1e-5
 
 
 def test_bad_input():
@@ -318,4 +315,4 @@ def test_grouped_cnn_every_strategy_tiled_over_devices(implementation):
     for options in ({}, {"batch_size": 2, "device_count": 2}):
         got = ntbridge.empirical_ntk(model, x1, x2, implementation=implementation, trace_axes=(),
                                      **options)
-        assert rel_error(got, expected) <= 1e-10
+        assert frobenius_relative_error(got, expected) <= 1e-10

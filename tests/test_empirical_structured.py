@@ -9,11 +9,8 @@ from torch import nn
 import ntbridge
 from ntbridge.empirical import structured
 
+from helpers import frobenius_relative_error
 from reference import full_ntk
-
-
-def rel_error(a, b):
-    return (torch.linalg.norm(a - b) / torch.linalg.norm(b)).item()
 
 
 def cnn():
@@ -34,7 +31,7 @@ def test_x2_none_equals_x2_given(trace_axes):
     two = ntbridge.empirical_ntk(model, x, x.clone(), **kw)
     assert set(one) == set(two)
     for name in one:
-        assert rel_error(one[name], two[name]) <= 1e-12
+        assert frobenius_relative_error(one[name], two[name]) <= 1e-12
 
 
 @pytest.mark.slow
@@ -45,7 +42,7 @@ def test_traced_kernel_is_the_mean_of_the_full_kernels_diagonal(x2_size):
     traced = ntbridge.empirical_ntk(model, x1, x2, implementation="structured")
     full = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), implementation="structured")
     assert traced.shape == full.shape[:2]
-    assert rel_error(traced, torch.diagonal(full, dim1=2, dim2=3).mean(-1)) <= 1e-12
+    assert frobenius_relative_error(traced, torch.diagonal(full, dim1=2, dim2=3).mean(-1)) <= 1e-12
 
 
 @pytest.fixture
@@ -67,6 +64,6 @@ def test_both_contraction_orders_match_torch_func(monkeypatch, fresh_programs, g
     x2 = None if x2_size is None else torch.randn(x2_size, 3, 8, 8)
     want = full_ntk(model, x1, x1 if x2 is None else x2)
     got = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), implementation="structured")
-    assert rel_error(got, want) <= 1e-5
+    assert frobenius_relative_error(got, want) <= 1e-5
     got = ntbridge.empirical_ntk(model, x1, x2, implementation="structured")
-    assert rel_error(got, torch.diagonal(want, dim1=2, dim2=3).mean(-1)) <= 1e-5
+    assert frobenius_relative_error(got, torch.diagonal(want, dim1=2, dim2=3).mean(-1)) <= 1e-5

@@ -22,6 +22,7 @@ from ntbridge.empirical import empirical_ntk_fn
 from ntbridge.errors import ConversionError, UnsupportedLayerError
 
 from export_zoo import ZOO, Custom, example
+from helpers import max_relative_error
 from reference import full_ntk
 
 FORWARD_RTOL = {torch.float64: 1e-12, torch.float32: 1e-5}
@@ -33,11 +34,6 @@ def zoo(name: str, dtype: torch.dtype = torch.float64):
     """``(model in eval mode, its translation, x1 (3 examples), x2 (2 examples))``."""
     model, x1, x2 = example(name, dtype)
     return model, translate(model, x1), x1, x2
-
-
-def relative_error(a, b) -> float:
-    a, b = np.asarray(a), np.asarray(b)
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def forward(t, x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
@@ -52,7 +48,7 @@ def test_forward_matches_torch(name, dtype):
     model, t, x1, x2 = zoo(name, dtype)
     with torch.no_grad():
         expected = model(x1).numpy()
-    assert relative_error(forward(t, x1, dtype), expected) <= FORWARD_RTOL[dtype]
+    assert max_relative_error(forward(t, x1, dtype), expected) <= FORWARD_RTOL[dtype]
 
 
 @pytest.mark.slow
@@ -63,9 +59,9 @@ def test_any_batch_size(name):
     x = torch.cat([x1, x2])
     with torch.no_grad():
         expected = model(x).numpy()
-    assert relative_error(forward(t, x, torch.float64), expected) <= FORWARD_RTOL[torch.float64]
+    assert max_relative_error(forward(t, x, torch.float64), expected) <= FORWARD_RTOL[torch.float64]
     one = forward(t, x[:1], torch.float64)
-    assert relative_error(one, expected[:1]) <= FORWARD_RTOL[torch.float64]
+    assert max_relative_error(one, expected[:1]) <= FORWARD_RTOL[torch.float64]
 
 
 CASES = [(name, "jacobian") for name in ZOO] + [
@@ -82,13 +78,13 @@ def test_empirical_ntk_matches_torch_func(name, strategy):
     expected = full_ntk(model, x1, x2, batch=True).numpy()  # independent examples: the rows of
     # the joint batch's Jacobian are the per-example Jacobians (and no vmap of the model is needed)
     assert k.shape == expected.shape
-    assert relative_error(k, expected) <= NTK_RTOL[torch.float64]
+    assert max_relative_error(k, expected) <= NTK_RTOL[torch.float64]
 
 
 def test_empirical_ntk_float32():
     model, t, x1, x2 = zoo("attention", torch.float32)
     k = empirical_ntk_fn(t.apply_fn)(t.params, to_jax(x1), to_jax(x2), trace_axes=(), state=t.state)
-    assert relative_error(k, full_ntk(model, x1, x2, batch=True).numpy()) <= NTK_RTOL[torch.float32]
+    assert max_relative_error(k, full_ntk(model, x1, x2, batch=True).numpy()) <= NTK_RTOL[torch.float32]
 
 
 def test_padding_row_has_no_gradient():
@@ -113,7 +109,7 @@ def test_translates_eval_mode_and_restores_the_mode():
             expected = model.eval()(x1).numpy()
     finally:
         model.eval()
-    assert relative_error(forward(t, x1, torch.float64), expected) <= FORWARD_RTOL[torch.float64]
+    assert max_relative_error(forward(t, x1, torch.float64), expected) <= FORWARD_RTOL[torch.float64]
 
 
 def test_with_weights_reads_the_current_weights():
@@ -124,8 +120,8 @@ def test_with_weights_reads_the_current_weights():
     assert cache_key(model, x1) == cache_key(model, x1[:1])
     with torch.no_grad():
         expected = other(x1).numpy()
-    assert relative_error(forward(t.with_weights(other), x1, torch.float64), expected) <= 1e-12
-    assert relative_error(forward(t, x1, torch.float64), expected) > 1e-3
+    assert max_relative_error(forward(t.with_weights(other), x1, torch.float64), expected) <= 1e-12
+    assert max_relative_error(forward(t, x1, torch.float64), expected) > 1e-3
 
 
 class Branching(nn.Module):
@@ -155,7 +151,7 @@ def test_torch_cond_is_translated():
         x = sign * torch.rand(4, 3)
         with torch.no_grad():
             expected = model(x).numpy()
-        assert relative_error(forward(t, x, torch.float32), expected) <= FORWARD_RTOL[torch.float32]
+        assert max_relative_error(forward(t, x, torch.float32), expected) <= FORWARD_RTOL[torch.float32]
 
 
 def test_untranslated_operator_names_operator_and_module(monkeypatch):
@@ -246,4 +242,4 @@ def test_operators_match_torch(build):
     t = translate(model, x)
     with torch.no_grad():
         expected = model(x).numpy()
-    assert relative_error(forward(t, x, torch.float64), expected) <= FORWARD_RTOL[torch.float64]
+    assert max_relative_error(forward(t, x, torch.float64), expected) <= FORWARD_RTOL[torch.float64]

@@ -13,14 +13,11 @@ from ntbridge.converters.trace import equivalents
 from ntbridge.converters.trace.tracer import trace
 from ntbridge.dlpack import precision, to_jax, to_torch
 
+from helpers import frobenius_relative_error
 from montecarlo import assert_within_standard_error, sample_kernels
 from reference import empirical_ntk
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
-
-
-def rel_error(a, b):
-    return (torch.linalg.norm(a - b) / torch.linalg.norm(b)).item()
 
 
 def apply(model, x):
@@ -62,9 +59,9 @@ class DenseNet(nn.Module):
 def test_forward_and_empirical_ntk_match_torch(make, dtype):
     model = make().to(dtype)
     x1, x2 = torch.randn(6, 4, dtype=dtype), torch.randn(3, 4, dtype=dtype)
-    assert rel_error(apply(model, x1), model(x1).detach()) <= TOL[dtype]
+    assert frobenius_relative_error(apply(model, x1), model(x1).detach()) <= TOL[dtype]
     got = ntbridge.empirical_ntk(model, x1, x2)
-    assert got.dtype == dtype and rel_error(got, empirical_ntk(model, x1, x2)) <= TOL[dtype]
+    assert got.dtype == dtype and frobenius_relative_error(got, empirical_ntk(model, x1, x2)) <= TOL[dtype]
 
 
 def test_resnet_nodes_names_and_dag():
@@ -138,7 +135,7 @@ def test_scalar_multiplication_scales_kernels_by_its_square():
 
     model = Scaled().double()
     x = torch.randn(5, 4, dtype=torch.float64)
-    assert rel_error(apply(model, x), model(x).detach()) <= 1e-12
+    assert frobenius_relative_error(apply(model, x), model(x).detach()) <= 1e-12
     for get in ("nngp", "ntk"):
         plain = ntbridge.kernel(nn.Sequential(model.fc), x, get=get)
         torch.testing.assert_close(ntbridge.kernel(model, x, get=get), 2.25 * plain, rtol=1e-12, atol=0)
@@ -160,8 +157,8 @@ def test_nested_submodules_and_a_sequential_of_blocks():
     assert [n.name for n in g.layers] == ["0", "1.fc", "1.seq.0", "1.seq.1", "add", "2.fc",
                                           "2.seq.0", "2.seq.1", "add_1", "3", "4"]
     x = torch.randn(5, 4, dtype=torch.float64)
-    assert rel_error(apply(model, x), model(x).detach()) <= 1e-12
-    assert rel_error(ntbridge.empirical_ntk(model, x), empirical_ntk(model, x, x)) <= 1e-12
+    assert frobenius_relative_error(apply(model, x), model(x).detach()) <= 1e-12
+    assert frobenius_relative_error(ntbridge.empirical_ntk(model, x), empirical_ntk(model, x, x)) <= 1e-12
     assert torch.isfinite(ntbridge.ntk(model, x)).all()
 
 
@@ -301,8 +298,8 @@ def test_functional_calls_run_end_to_end(fn, module, shape):
             return fn(x)
 
     x = torch.randn(*shape, dtype=torch.float64)
-    assert rel_error(apply(M(), x), fn(x)) <= 1e-12
-    assert rel_error(apply(module, x), fn(x)) <= 1e-12
+    assert frobenius_relative_error(apply(M(), x), fn(x)) <= 1e-12
+    assert frobenius_relative_error(apply(module, x), fn(x)) <= 1e-12
 
 
 def two_linear(forward):
@@ -331,8 +328,8 @@ def test_correlated_sums_refuse_the_analytic_kernel_only(forward):
     with pytest.raises(errors.UnsupportedLayerError,
                        match=r"^(operator|torch)\.add in M\.forward: .*correlated.*empirical_ntk"):
         ntbridge.ntk(model, x)
-    assert rel_error(apply(model, x), model(x).detach()) <= 1e-5
-    assert rel_error(ntbridge.empirical_ntk(model, x), empirical_ntk(model, x, x)) <= 1e-5
+    assert frobenius_relative_error(apply(model, x), model(x).detach()) <= 1e-5
+    assert frobenius_relative_error(ntbridge.empirical_ntk(model, x), empirical_ntk(model, x, x)) <= 1e-5
 
 
 @pytest.mark.parametrize("forward", [

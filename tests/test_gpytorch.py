@@ -20,16 +20,10 @@ import linear_operator  # noqa: E402  (installed with gpytorch)
 from ntbridge import errors  # noqa: E402
 import ntbridge  # noqa: E402
 from ntbridge.gpytorch import NNGPKernel, NTKKernel, check_version  # noqa: E402
+from helpers import mlp
 
 f64 = dict(dtype=torch.float64)
 BOTH = ("weight_std", "bias_std")  # the parameterization that learns both standard deviations
-
-
-def relu_mlp(d=4, depth=2, width=64):
-    layers = [nn.Linear(d, width), nn.ReLU()]
-    for _ in range(depth - 1):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(width, 1))
 
 
 def kernel_of(cls, model, W, b, **options):
@@ -40,7 +34,7 @@ def kernel_of(cls, model, W, b, **options):
 
 @pytest.mark.parametrize("cls, get", [(NNGPKernel, "nngp"), (NTKKernel, "ntk")])
 def test_kernels_equal_ntbridges_full_and_diagonal(cls, get):
-    model = relu_mlp()
+    model = mlp(4, [64, 64], 1)
     x1, x2 = torch.randn(7, 4, **f64), torch.randn(3, 4, **f64)
     k = kernel_of(cls, model, 1.3, 0.2)
     expected = ntbridge.kernel(model, x1, x2, get, W_std=1.3, b_std=0.2)
@@ -59,7 +53,7 @@ def test_nngp_equals_botorchs_infinite_width_bnn_kernel():
     for depth in (1, 3):
         theirs = kernels.InfiniteWidthBNNKernel(depth=depth).double()
         theirs.weight_var, theirs.bias_var = 1.4 ** 2, 0.3 ** 2
-        ours = kernel_of(NNGPKernel, relu_mlp(5, depth, width=32), 1.4, 0.3)
+        ours = kernel_of(NNGPKernel, mlp(5, [32] * depth, 1), 1.4, 0.3)
         for args in ((x1, x2), (x1,)):
             torch.testing.assert_close(ours(*args).to_dense(), theirs(*args).to_dense(),
                                        rtol=1e-6, atol=0)
@@ -67,7 +61,7 @@ def test_nngp_equals_botorchs_infinite_width_bnn_kernel():
 
 
 def test_batch_shape_gives_each_batch_its_standard_deviations():
-    model = relu_mlp()
+    model = mlp(4, [64, 64], 1)
     k = kernel_of(NTKKernel, model, torch.tensor([1.0, 1.5]).view(2, 1, 1), 0.1,
                   batch_shape=torch.Size([2]))
     x1, x2 = torch.randn(2, 5, 4, **f64), torch.randn(3, 4, **f64)  # x2 broadcasts
@@ -97,7 +91,7 @@ def test_images_and_refusals():
 def test_empty_inputs_give_empty_kernels_as_gpytorchs_own():
     x0, x = torch.zeros(0, 4, **f64), torch.randn(3, 4, **f64)
     for cls in (NNGPKernel, NTKKernel):
-        k = kernel_of(cls, relu_mlp(), 1.3, 0.2, batch_shape=torch.Size([2]))
+        k = kernel_of(cls, mlp(4, [64, 64], 1), 1.3, 0.2, batch_shape=torch.Size([2]))
         rbf = gpytorch.kernels.RBFKernel(batch_shape=torch.Size([2])).double()
         for args, kwargs in (((x0,), {}), ((x0, x), {}), ((x, x0), {}), ((x0,), dict(diag=True))):
             got, theirs = k(*args, **kwargs), rbf(*args, **kwargs)
@@ -106,14 +100,14 @@ def test_empty_inputs_give_empty_kernels_as_gpytorchs_own():
 
 
 def test_only_bias_std_is_learned_by_default():
-    k = NTKKernel(relu_mlp(), weight_std=1.5)
+    k = NTKKernel(mlp(4, [64, 64], 1), weight_std=1.5)
     assert not k.raw_weight_std.requires_grad and k.raw_bias_std.requires_grad
     assert [name for name, p in k.named_parameters() if p.requires_grad] == ["raw_bias_std"]
-    assert NTKKernel(relu_mlp(), learn=BOTH).double().raw_weight_std.requires_grad
-    assert not NTKKernel(relu_mlp(), learn=()).raw_bias_std.requires_grad
+    assert NTKKernel(mlp(4, [64, 64], 1), learn=BOTH).double().raw_weight_std.requires_grad
+    assert not NTKKernel(mlp(4, [64, 64], 1), learn=()).raw_bias_std.requires_grad
     for learn in ("bias_std", ("W_std",)):
         with pytest.raises(errors.InputError, match="learn must be a tuple of names from"):
-            NTKKernel(relu_mlp(), learn=learn)
+            NTKKernel(mlp(4, [64, 64], 1), learn=learn)
 
 
 def fit_bowl(learn):
@@ -124,7 +118,7 @@ def fit_bowl(learn):
     torch.manual_seed(0)
     x = torch.rand(16, 3, **f64)
     y = (x - 0.5).square().sum(-1, keepdim=True)
-    kernel = NTKKernel(relu_mlp(3), learn=learn)
+    kernel = NTKKernel(mlp(3, [64, 64], 1), learn=learn)
     gp = botorch.models.SingleTaskGP(x, y, covar_module=gpytorch.kernels.ScaleKernel(kernel))
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(gp.likelihood, gp)
     botorch.fit_gpytorch_mll(mll)
@@ -199,7 +193,7 @@ def hyper(gp):
 @pytest.mark.slow
 def test_exact_gp_training_loop_with_scale_kernel():
     torch.manual_seed(0)
-    model = relu_mlp()
+    model = mlp(4, [64, 64], 1)
     x = torch.randn(40, 4, **f64)
     y = torch.sin(x @ torch.randn(4, **f64))
     gp = ExactGP(x, y, gpytorch.kernels.ScaleKernel(NTKKernel(model, learn=BOTH))).double()
@@ -220,7 +214,7 @@ def test_botorch_single_task_gp_fits_and_its_acquisition_differentiates():
     torch.manual_seed(0)
     x = torch.rand(20, 3, **f64)
     y = (x - 0.5).square().sum(-1, keepdim=True)
-    covar = gpytorch.kernels.ScaleKernel(NNGPKernel(relu_mlp(3)))
+    covar = gpytorch.kernels.ScaleKernel(NNGPKernel(mlp(3, [64, 64], 1)))
     gp = botorch.models.SingleTaskGP(x, y, covar_module=covar)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(gp.likelihood, gp)
     before = mll(gp(x), gp.train_targets).item()

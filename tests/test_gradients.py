@@ -13,6 +13,7 @@ from torch.func import functional_call, jacrev, vmap
 
 import ntbridge
 from ntbridge import errors, programs, stax
+from helpers import mlp
 
 
 f64 = dict(dtype=torch.float64)
@@ -40,14 +41,10 @@ class Residual(nn.Module):
         return self.out(F.relu(h + self.fc(F.relu(h))))
 
 
-def mlp(activation):
-    return nn.Sequential(nn.Linear(3, 8), activation, nn.Linear(8, 8), activation, nn.Linear(8, 1))
-
-
 ARCHITECTURES = {  # name -> (model, one example's shape)
-    "mlp-relu": (lambda: mlp(nn.ReLU()), (3,)),
-    "mlp-gelu": (lambda: mlp(nn.GELU()), (3,)),
-    "mlp-erf": (lambda: mlp(Erf()), (3,)),
+    "mlp-relu": (lambda: mlp(3, [8, 8], 1, act=nn.ReLU()), (3,)),
+    "mlp-gelu": (lambda: mlp(3, [8, 8], 1, act=nn.GELU()), (3,)),
+    "mlp-erf": (lambda: mlp(3, [8, 8], 1, act=Erf()), (3,)),
     "mlp-tanh": (lambda: nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1)), (3,)),
     "cnn-padding-pooling": (lambda: nn.Sequential(
         nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(),
@@ -220,7 +217,7 @@ def test_gradients_of_a_translated_model_match_torch_func(implementation):
 def test_tiles_and_devices_give_the_untiled_gradients():
     """Tiles of 2 over 4 devices (padding, mirrored tiles of x2 = None, devices left idle) vs one
     tile: the same gradients, analytic (w.r.t. x1, x2) and empirical (and the parameters)."""
-    model = mlp(nn.ReLU()).double()
+    model = mlp(3, [8, 8], 1, act=nn.ReLU()).double()
     x1, x2 = torch.randn(5, 3, **f64, requires_grad=True), torch.randn(3, 3, **f64, requires_grad=True)
     params = list(model.parameters())
     w12, w11 = torch.randn(5, 3, **f64), torch.randn(5, 5, **f64)
@@ -242,7 +239,7 @@ def vjp_programs() -> int:
 
 @pytest.mark.slow
 def test_no_history_and_no_vjp_program_without_gradients():
-    model = mlp(nn.ReLU())
+    model = mlp(3, [8, 8], 1, act=nn.ReLU())
     x = torch.randn(6, 3, requires_grad=True)
     programs.clear()
     with torch.no_grad():
@@ -262,7 +259,7 @@ def test_no_history_and_no_vjp_program_without_gradients():
 
 def test_double_backward_is_refused():
     x = torch.randn(4, 3, **f64, requires_grad=True)
-    k = ntbridge.ntk(mlp(nn.Tanh()).double(), x)
+    k = ntbridge.ntk(mlp(3, [8, 8], 1, act=nn.Tanh()).double(), x)
     (g,) = torch.autograd.grad(k.sum(), x, create_graph=True)
     with pytest.raises(errors.GradientError, match="differentiable once"):
         g.sum().backward()

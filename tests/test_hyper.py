@@ -18,15 +18,14 @@ from torch import nn
 
 import ntbridge
 from ntbridge import errors, programs
+from helpers import mlp
 
 f64 = dict(dtype=torch.float64)
 WIDTHS = (3, 16, 16)  # in_features, then the hidden widths of the ReLU MLP
 
 
 def relu_mlp():
-    d, h1, h2 = WIDTHS
-    return nn.Sequential(nn.Linear(d, h1), nn.ReLU(), nn.Linear(h1, h2), nn.ReLU(),
-                         nn.Linear(h2, 1)).double()
+    return mlp(WIDTHS[0], WIDTHS[1:], 1).double()
 
 
 def relu_kernels(x1, x2, W, b):

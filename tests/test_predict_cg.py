@@ -11,13 +11,9 @@ import ntbridge
 from ntbridge import errors, predict
 from ntbridge.predict import cg
 from ntbridge.predict.operator import KernelOperator
+from helpers import mlp
 
 N, M = 1000, 50
-
-
-def mlp(d):
-    return torch.nn.Sequential(torch.nn.Linear(d, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                               torch.nn.ReLU(), torch.nn.Linear(256, 1)).double()
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +22,7 @@ def data():
     (low-dimensional inputs: the kernels are badly conditioned), and smooth targets."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N + M, 6, generator=g, dtype=torch.float64)
-    model = mlp(6)
+    model = mlp(6, [256, 256], 1).double()
     k = ntbridge.kernel(model, x, get=("nngp", "ntk"))
     y = torch.stack([torch.sin(x[:N, :3].sum(1)), torch.cos(x[:N, 3])], 1)
     return x, model, k.nngp, k.ntk, y

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import ntbridge
+from helpers import mlp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,13 +62,9 @@ def test_a_terminal_shows_compilation_and_tiles_once_work_takes_a_while():
     assert "ntbridge tiles: 100%" in shown and "3/3" in shown  # 3 tiles of the symmetric 2 x 2
 
 
-def _mlp():
-    return nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 1))
-
-
 def test_a_pipe_shows_nothing_unless_asked(capfd):
     x = torch.randn(6, 3)
-    ntbridge.ntk(_mlp(), x, batch_size=2)
+    ntbridge.ntk(mlp(3, [16], 1), x, batch_size=2)
     assert capfd.readouterr().err == ""
-    ntbridge.ntk(_mlp(), x, batch_size=2, progress=True)
+    ntbridge.ntk(mlp(3, [16], 1), x, batch_size=2, progress=True)
     assert "ntbridge tiles: 100%" in capfd.readouterr().err

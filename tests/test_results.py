@@ -11,6 +11,7 @@ from torch import nn
 
 import ntbridge
 from ntbridge.errors import InitMismatchWarning
+from helpers import mlp
 
 X1 = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
 X2 = torch.randn(4, 3, generator=torch.Generator().manual_seed(1))
@@ -20,10 +21,6 @@ OPTIONS = [(False, None, 1, True, torch.float32, False),
            (True, 2, 2, False, torch.float64, False),
            (True, None, 2, True, torch.float32, True),
            (False, 2, 1, False, torch.float64, True)]
-
-
-def mlp(width: int = 8) -> nn.Module:
-    return nn.Sequential(nn.Linear(3, width), nn.ReLU(), nn.Linear(width, 2))
 
 
 ENTRY_POINTS = {
@@ -97,7 +94,7 @@ def test_results_are_writable_and_private(name, options, tmp_path):
         kwargs["out"] = str(tmp_path / "k.npy")
         if name == "kernel":
             kwargs["get"] = ("ntk",)  # a file holds one kernel
-    model = mlp().to(dtype)
+    model = mlp(3, [8], 2).to(dtype)
     x1, x2 = X1.to(dtype), X2.to(dtype) if given_x2 else None
     check_writable_and_private(lambda: ENTRY_POINTS[name](model, x1, x2, **kwargs))
 
@@ -107,11 +104,11 @@ def test_results_are_writable_and_private(name, options, tmp_path):
 def test_width_sweep_results_are_writable_and_private(given_x2, dtype):
     x1, x2 = X1[:4].to(dtype), X2[:3].to(dtype) if given_x2 else None
     check_writable_and_private(
-        lambda: ntbridge.analysis.width_sweep(mlp, [4, 8], x1, x2, n_seeds=2, implementation="jacobian"))
+        lambda: ntbridge.analysis.width_sweep(lambda width: mlp(3, [width], 2), [4, 8], x1, x2, n_seeds=2, implementation="jacobian"))
 
 
 def test_monte_carlo_running_estimates_do_not_share_the_running_mean():
-    model, x = mlp(), X1
+    model, x = mlp(3, [8], 2), X1
     expected = [e.mean.clone() for e in ntbridge.monte_carlo(model, x, n_samples=[2, 4])]
     running = ntbridge.monte_carlo(model, x, n_samples=[2, 4])
     next(running).mean.add_(100.0)

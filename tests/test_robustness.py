@@ -10,15 +10,9 @@ import torch
 from torch import nn
 
 import ntbridge
+from helpers import mlp
 
 DTYPES = [torch.float32, torch.float64]
-
-
-def relu_mlp(d=3, width=16, depth=2, bias=True, act=nn.ReLU):
-    layers = []
-    for i in range(depth):
-        layers += [nn.Linear(d if i == 0 else width, width, bias=bias), act()]
-    return nn.Sequential(*layers, nn.Linear(width, 1, bias=bias))
 
 
 def inputs(n=4, d=3, dtype=torch.float64, seed=0):
@@ -37,7 +31,7 @@ def assert_sane(k: torch.Tensor, symmetric: bool = True):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_identical_and_nearly_identical_inputs(dtype):
-    model = relu_mlp()
+    model = mlp(3, [16, 16], 1)
     x = inputs(dtype=dtype)
     x = torch.cat([x, x[:2], x[:2] + 1e-7 * torch.ones_like(x[:2])])  # repeated and nearly so
     for fn in (ntbridge.ntk, ntbridge.nngp, ntbridge.empirical_ntk):
@@ -53,7 +47,7 @@ def test_identical_and_nearly_identical_inputs(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [True, False])
 def test_zero_inputs(dtype, bias):
-    model = relu_mlp(bias=bias).to(dtype)
+    model = mlp(3, [16, 16], 1, bias=bias).to(dtype)
     x = torch.cat([torch.zeros(2, 3, dtype=dtype), inputs(2, dtype=dtype)])
     for fn in (ntbridge.ntk, ntbridge.nngp, ntbridge.empirical_ntk, ntbridge.empirical_nngp):
         k = fn(model, x)
@@ -67,7 +61,7 @@ def test_zero_inputs(dtype, bias):
 def test_input_scales_are_degree_two_homogeneous(dtype, scale):
     """A bias-free ReLU network is positively homogeneous: kernel(s x) = s^2 kernel(x), exactly in
     exact arithmetic; here within a few float roundings per layer."""
-    model = relu_mlp(bias=False).to(dtype)
+    model = mlp(3, [16, 16], 1, bias=False).to(dtype)
     x = inputs(dtype=dtype)
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     for fn in (ntbridge.ntk, ntbridge.nngp, ntbridge.empirical_ntk):
@@ -82,7 +76,7 @@ def test_deep_mlp_and_deep_cnn(network, dtype):
     """Depth 50 MLP and depth 20 CNN (small widths; compiling them dominates the time, so one
     dtype each): analytic and empirical kernels finite, symmetric, PSD."""
     if network == "mlp":
-        model, data = relu_mlp(d=3, width=8, depth=50), inputs(5, dtype=dtype)
+        model, data = mlp(3, [8] * 50, 1), inputs(5, dtype=dtype)
     else:
         convs = [m for _ in range(20) for m in (nn.Conv1d(2, 2, 3, padding=1), nn.ReLU())]
         model = nn.Sequential(nn.Conv1d(1, 2, 3, padding=1), *convs, nn.Flatten(), nn.Linear(12, 1))
@@ -107,7 +101,7 @@ def test_relu_family_kernels_are_continuous_as_x2_tends_to_x1(act):
     of x and x + eps d is O(eps), at worst sqrt(eps) after layers: 100x smaller steps shrink the
     gap at least 10x.
     """
-    model, d, layers = relu_mlp(d=3, act=act), 3, 3
+    model, d, layers = mlp(3, [16, 16], 1, act=act), 3, 3
     x, direction = inputs(3), inputs(1, seed=1)[0]
     gaps = []
     for eps in (1e-1, 1e-3, 1e-5, 1e-7):
@@ -125,7 +119,7 @@ def test_kernel_calls_from_four_threads_match_serial_calls():
     """Analytic and empirical kernels, float32 and float64, from 4 threads at once (fresh models,
     so the threads build the shared compile caches together) equal the serial results."""
     def calls():
-        base = relu_mlp(d=3, width=8)
+        base = mlp(3, [8, 8], 1)
         x = inputs(5, dtype=torch.float32, seed=2)
         wide = copy.deepcopy(base).double()
         return [lambda: ntbridge.ntk(base, x), lambda: ntbridge.nngp(base, x.double(), batch_size=2),

@@ -17,7 +17,7 @@ INPUTS = 16
 def gaussian_mlp(width):
     """One hidden Tanh layer with Gaussian weights of torch's variances 1/(3 fan_in): the analytic
     kernel's assumption holds exactly (torch's uniform first layer, with few inputs, converges to a
-    limit slightly off the Gaussian one; see the README's width analysis)."""
+    limit slightly off the Gaussian one; see docs/empirical.md, width analysis)."""
     model = nn.Sequential(nn.Linear(INPUTS, width), nn.Tanh(), nn.Linear(width, 1))
     with torch.no_grad():
         for layer in (model[0], model[2]):

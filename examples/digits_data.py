@@ -1,8 +1,9 @@
-"""scikit-learn's digits (8x8 images, 10 classes) as the examples use them: standardised pixels,
-zero-mean one-hot targets, a random train/test split.
+"""Data loading shared by the examples (not an example itself): scikit-learn's digits (8x8
+images, 10 classes) as the examples use them: standardised pixels, zero-mean one-hot targets, a
+random train/test split.
 
 Example:
-    >>> from digits import load
+    >>> from digits_data import load
     >>> x, y, labels, train, test = load(1000, 797)
     >>> x.shape, y.shape
     (torch.Size([1797, 64]), torch.Size([1797, 10]))
