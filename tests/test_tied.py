@@ -218,3 +218,31 @@ def test_fresh_draws_of_cloned_layers_are_clones():
         reinitialise(model, seed=0, sample=1)
         layers = model[1].layers
         assert torch.equal(layers[0].linear1.weight, layers[1].linear1.weight) == equal
+
+
+class _PaddedEncoder(nn.Module):
+    """Token ids padded with 0, an encoder of copies whose attention skips the padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8, padding_idx=0)
+        layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, ids):
+        return self.enc(self.emb(ids), src_key_padding_mask=ids == 0)
+
+
+@pytest.mark.slow
+def test_padded_sequences_get_the_kernels_of_the_sequences_through_copies():
+    # the padding is masked at every depth, in the pairs across depths too (the closed-form
+    # attention: softmax's points differ with the length, test_attention.py)
+    torch.manual_seed(6)
+    model = _PaddedEncoder().double().eval()
+    ids = torch.tensor([[3, 4, 5], [1, 2, 6]])
+    padded = torch.cat([ids, torch.zeros(2, 2, dtype=torch.long)], 1)
+    alone = ntbridge.kernel(model, ids, attention="linear")
+    within = ntbridge.kernel(model, padded, attention="linear")
+    for name in ("nngp", "ntk"):
+        np.testing.assert_allclose(getattr(within, name)[..., :3, :3], getattr(alone, name),
+                                   rtol=1e-12, atol=1e-14)
