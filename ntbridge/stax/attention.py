@@ -134,9 +134,8 @@ _EXACT = jax.lax.Precision.HIGHEST
 def sandwich(a1, c, a2):
     """``a1[n] @ c[n, m] @ a2[m]^T`` for every pair of examples: ``a1`` ``(N1, T, T)``, ``c``
     ``(N1, N2, T, T)``, ``a2`` ``(N2, T, T)``. Two batched matrix products, over ``n`` then over
-    ``m``: in the linear-scaling network's program on CPU (cache-sized blocks), 1.1-2.4x faster
-    than XLA's fusion of ``2 T`` broadcast products at T = 8, 32 and 64, as fast at 4, up to 1.2x
-    slower at 16 (the ``sandwich`` rows of ``benchmarks/attention.py``); one form for every T."""
+    ``m``: one form for every T, faster than XLA's fusion of ``2 T`` broadcast products at most
+    T (the ``sandwich`` rows of ``benchmarks/attention.py``; figures in ``benchmarks/README.md``)."""
     left = jnp.einsum("nts,nmsr->nmtr", a1, c, precision=_EXACT)
     return jnp.einsum("nmtr,mur->nmtu", left, a2, precision=_EXACT)
 
