@@ -35,10 +35,11 @@ import copy
 import dataclasses
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
+import jax
 import torch
 from torch import nn
 
-from . import analytic, autograd
+from . import analytic, autograd, programs
 from .converters import (Graph, Translation, batch_statistics, check_ids, convert,
                          empirical_graph, pack)
 from .devices import platform_of
@@ -50,7 +51,7 @@ from .empirical.reinit import check_resettable, reinitialise
 from .errors import InputError, InputTypeError, ShapeError, UnsupportedLayerError
 from .results import Estimate
 from .specs import Analytic, EmpiricalNNGP, EmpiricalNTK, MonteCarlo, Spec
-from .stax.covariances import evaluate_error
+from .stax.covariances import evaluate_error, replicate_fn
 from .tiling import Batching, TilingInfo
 
 # spec type -> builder(spec, graph, x1, x2, platform) -> (Task, info); x1, x2 shapes and dtypes
@@ -153,10 +154,10 @@ def validate(x1: torch.Tensor, x2: torch.Tensor | None, indices: bool = False,
 
 
 def model_graph(request: Request, x1: torch.Tensor,
-                graph_inputs: bool = False) -> Graph | Translation:
+                pair_inputs: bool = False) -> Graph | Translation:
     """The converted model (empirical requests: converted or translated, see the module doc; with
-    ``graph_inputs``, converted)."""
-    if request.spec.empirical and not graph_inputs:
+    ``pair_inputs``, converted)."""
+    if request.spec.empirical and not pair_inputs:
         return empirical_graph(request.model, x1, request.conversion, request.weights)
     return convert(request.model if request.weights is None else request.weights,
                    **request.conversion)
@@ -189,9 +190,9 @@ def _packed(request: Request) -> tuple[Request, bool]:
     return dataclasses.replace(request, x1=packed[0], x2=packed[1]), True
 
 
-def check_graph_inputs(graph: Graph | Translation, pairs: bool) -> None:
+def check_pair_inputs(graph: Graph | Translation, pairs: bool) -> None:
     """InputError unless inputs are pairs ``(x, adjacency)`` exactly when the model takes them."""
-    takes = isinstance(graph, Graph) and graph.graph_inputs
+    takes = isinstance(graph, Graph) and graph.pair_inputs
     if takes and not pairs:
         raise InputError("the model's forward takes node features and each example's graph, "
                          "forward(x, adjacency): pass x1=(x, adjacency) (and x2 likewise).")
@@ -207,7 +208,7 @@ def prepare(request: Request) -> Prepared:
     with _precision(request, x1):
         graph = model_graph(request, x1, pairs)
         check_has_data(graph.tensors)
-        check_graph_inputs(graph, pairs)
+        check_pair_inputs(graph, pairs)
         check_fits(graph, x1, x2)
         if not x1.is_floating_point():
             check_ids(graph, x1, x2, request.spec.empirical)
@@ -235,12 +236,15 @@ def run(request: Request) -> Outcome:
 def expectation_error(request: Request) -> float:
     """The estimated relative error of the request's analytic kernels (``Analytic`` spec) where
     their rules are numerical expectations (``ntbridge.expectation_error``): the prepared request
-    evaluated once per replicate of the rule, in one piece (no tiling)."""
+    evaluated once per replicate of the rule, in one piece (no tiling), by one program per
+    model and inputs' shapes (an entry of the program cache)."""
     _, x1, x2, graph = prepared = prepare(request)
     names = (request.spec.get,) if isinstance(request.spec.get, str) else tuple(request.spec.get)
     with _precision(prepared.request, x1):
         a1, a2 = (None if x is None else to_jax(x) for x in (x1, x2))
-        return evaluate_error(graph.network, a1, a2, names)
+        key = programs.ProgramKey.of("expectation error", (graph.signature, names), (a1, a2))
+        alone = programs.cached(key, lambda: jax.jit(replicate_fn(graph.network, names)))
+        return evaluate_error(graph.network, a1, a2, names, alone)
 
 
 def sample(request: Request, n_samples: int | Sequence[int]) -> Iterator[Estimate]:

@@ -34,7 +34,7 @@ from torch import nn
 
 from .. import stax
 from ..errors import InputError, ShapeError
-from ..stax.graph import unpacked
+from ..stax.aggregation import unpacked
 from .registry import Context, register
 
 
@@ -86,7 +86,7 @@ class InputAggregate(nn.Module):
 
 @register(NodeFeatures)
 def _node_features(module: NodeFeatures, ctx: Context) -> stax.Layer:
-    return stax.GraphFeatures()
+    return stax.NodeFeatures()
 
 
 @register(InputAggregate)

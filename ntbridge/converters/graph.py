@@ -216,7 +216,7 @@ class Graph:
                 for name, v in values.items() if isinstance(v, torch.Tensor)}
 
     @property
-    def graph_inputs(self) -> bool:
+    def pair_inputs(self) -> bool:
         """Whether ``forward`` takes node features and each example's graph, ``(x, adjacency)``:
         the network then reads them packed into one array (:func:`~.aggregation.pack`)."""
         return any(isinstance(n.module, NodeFeatures) for n in self.layers)

@@ -10,7 +10,7 @@ which are then unused and compiled away.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -96,13 +96,14 @@ def evaluate(network: Layer, x1: jax.Array, x2: jax.Array | None, names: tuple[s
 
 
 def evaluate_error(network: Layer, x1: jax.Array, x2: jax.Array | None,
-                   names: tuple[str, ...]) -> float:
+                   names: tuple[str, ...], alone: Callable | None = None) -> float:
     """The relative error of the kernels ``names`` where the network's rules are numerical
     expectations with independent replicates (``Layer.replicates``, e.g. attention's): the kernels
     computed once per replicate alone, their largest standard error over the largest entry of
     their mean (an error bar of the kernel computed with all replicates, to first order in the
     rules' errors); 0 where every rule is exact. One program, called once per replicate (the
-    memory of one kernel computation).
+    memory of one kernel computation): ``alone``, the compiled :func:`replicate_fn` (None: compile
+    it here).
 
     Example:
         >>> evaluate_error(serial(Dense(3, 4, W_std=1., b_std=0.)), jnp.ones((2, 3)), None,
@@ -112,7 +113,7 @@ def evaluate_error(network: Layer, x1: jax.Array, x2: jax.Array | None,
     r = network.replicates
     if r < 2:
         return 0.0
-    alone = jax.jit(lambda a1, a2, i: evaluate(network, a1, a2, names, replicate=i))
+    alone = alone or jax.jit(replicate_fn(network, names))
     runs = [alone(x1, x2, i) for i in range(r)]
     errors = []
     for name in names:
@@ -120,3 +121,9 @@ def evaluate_error(network: Layer, x1: jax.Array, x2: jax.Array | None,
         scale = max(np.abs(v.mean(0)).max(), np.finfo(v.dtype).tiny)
         errors.append(v.std(0, ddof=1).max() / r ** 0.5 / scale)
     return float(max(errors))
+
+
+def replicate_fn(network: Layer, names: tuple[str, ...]) -> Callable:
+    """``fn(x1, x2, i)``: the kernels ``names`` of the network with replicate ``i`` of its numerical
+    rules alone (what :func:`evaluate_error` calls once per replicate)."""
+    return lambda a1, a2, i: evaluate(network, a1, a2, names, replicate=i)

@@ -45,8 +45,8 @@ class Kernel:
       ids1, ids2: the token ids ``(N1, T)``, ``(N2, T)`` when this is the kernel of a model's
         input ids (None otherwise): what per-example masks (``key_padding_mask``) are made of.
       adjacency1, adjacency2: each example's graph ``(N1, V, V)``, ``(N2, V, V)`` when this is the
-        kernel of a graph model's inputs (``stax.graph.graph_kernel``; None otherwise): what
-        per-example aggregations (``stax.graph.InputAggregate``) weigh the nodes with.
+        kernel of a graph model's inputs (``stax.aggregation.node_features_kernel``; None otherwise): what
+        per-example aggregations (``stax.aggregation.InputAggregate``) weigh the nodes with.
     """
 
     nngp: jax.Array

@@ -10,9 +10,9 @@ kernel rule is exact: ``K'[u, u'] = sum_{v, v'} A[u, v] A[u', v'] K[v, v']``, i.
 
 A model whose ``forward(x, adjacency)`` takes each example's graph reads both from one array, the
 graph inputs packed adjacency first, ``(N, V + C, V)``: the adjacencies ``(N, V, V)``, then the
-node features ``(N, C, V)``. Their kernel (:func:`graph_kernel`) is that of the features, carrying
+node features ``(N, C, V)``. Their kernel (:func:`node_features_kernel`) is that of the features, carrying
 the adjacencies (``Kernel.adjacency1``, ``adjacency2``) for the aggregations, which take the
-model's input as their second input; :func:`GraphFeatures` stands for ``x``. With ``A1``, ``A2``
+model's input as their second input; :func:`NodeFeatures` stands for ``x``. With ``A1``, ``A2``
 the adjacencies of an example pair, the rule is ``A1 K A2^T``, exact.
 """
 
@@ -57,13 +57,13 @@ def unpacked(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return x[:, :v], x[:, v:]
 
 
-def graph_kernel(x1: jax.Array, x2: jax.Array | None, *, compute_ntk: bool,
+def node_features_kernel(x1: jax.Array, x2: jax.Array | None, *, compute_ntk: bool,
                  diagonal_spatial: bool) -> Kernel:
     """The kernel of packed graph inputs (module doc): the features' kernel, carrying each
     example's adjacency.
 
     Example:
-        >>> k = graph_kernel(jnp.ones((2, 5 + 3, 5)), None, compute_ntk=False,
+        >>> k = node_features_kernel(jnp.ones((2, 5 + 3, 5)), None, compute_ntk=False,
         ...                  diagonal_spatial=False)
         >>> k.nngp.shape, k.adjacency1.shape
         ((2, 2, 5, 5), (2, 5, 5))
@@ -80,12 +80,12 @@ def _check_packed(shape: tuple[int, ...], name: str) -> None:
                          f"got {tuple(shape)}")
 
 
-def GraphFeatures() -> Layer:
+def NodeFeatures() -> Layer:
     """``x`` of a graph model's ``forward(x, adjacency)``: packed inputs ``(N, V + C, V) ->
     (N, C, V)`` (module doc); the kernel is the features', without the adjacencies.
 
     Example:
-        >>> GraphFeatures().init_fn(None, (8, 5 + 3, 5))[0]
+        >>> NodeFeatures().init_fn(None, (8, 5 + 3, 5))[0]
         (8, 3, 5)
     """
 
@@ -95,7 +95,7 @@ def GraphFeatures() -> Layer:
 
     kernel_fn = lambda k: k.replace(adjacency1=None, adjacency2=None)
     return Layer(init_fn, lambda params, x: unpacked(x)[1], kernel_fn, affine=True,
-                 input_kernel=graph_kernel)
+                 input_kernel=node_features_kernel)
 
 
 def InputAggregate(transposed: bool = False, name: str = "InputAggregate") -> Layer:
@@ -136,4 +136,4 @@ def InputAggregate(transposed: bool = False, name: str = "InputAggregate") -> La
         return k.replace(nngp=pairs(k.nngp), ntk=None if k.ntk is None else pairs(k.ntk),
                          cov1=cov1, cov2=cov1 if k.x1_is_x2 else own(k.cov2, a2))
 
-    return Layer(init_fn, apply_fn, kernel_fn, full_spatial=True, input_kernel=graph_kernel)
+    return Layer(init_fn, apply_fn, kernel_fn, full_spatial=True, input_kernel=node_features_kernel)
