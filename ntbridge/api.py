@@ -24,6 +24,7 @@ from torch import nn
 from . import pipeline
 from .converters import batch_statistics
 from .converters.registry import ATTENTION_POINTS, StdOption
+from .dlpack import check_module
 from .empirical import sample_counts
 from .errors import BatchStatisticsWarning, InputError, warn
 from .pipeline import Request, run
@@ -117,6 +118,7 @@ def expectation_error(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | Non
 def _empirical_batching(model: nn.Module, options: dict) -> tuple[Batching, bool]:
     """The batching of an empirical kernel, and whether the model's examples interact (then in
     one tile, with a :class:`~ntbridge.errors.BatchStatisticsWarning` naming the modules)."""
+    check_module(model)
     batching, modules = Batching(**options), batch_statistics(model)
     interact = bool(modules)
     if interact:

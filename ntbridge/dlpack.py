@@ -74,6 +74,14 @@ def check_device(t: torch.Tensor, name: str) -> None:
                      f"JAX's CUDA plugin: pip install 'ntbridge[cuda]'.")
 
 
+def check_module(model) -> None:
+    """InputTypeError unless ``model`` is a ``torch.nn.Module`` (the model every entry point
+    takes)."""
+    if not isinstance(model, torch.nn.Module):
+        raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}; wrap "
+                             f"a function in a module whose forward calls it.")
+
+
 def check_has_data(tensors: dict[str, torch.Tensor]) -> None:
     """InputError naming the first of a model's tensors (by qualified name) that holds no data:
     one on the ``meta`` device."""

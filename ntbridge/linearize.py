@@ -27,6 +27,7 @@ from torch import nn
 from torch.func import functional_call, jvp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from .compat import tree_leaves, tree_map
+from .dlpack import check_module
 from .errors import InputError, InputTypeError, UnsupportedLayerError
 
 __all__ = ["TaylorExpansion", "linearize", "taylor_expand"]
@@ -150,8 +151,7 @@ def taylor_expand(model: nn.Module, degree: int) -> TaylorExpansion:
         >>> torch.allclose(quad(x), model(x))   # at the expansion point
         True
     """
-    if not isinstance(model, nn.Module):
-        raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    check_module(model)
     if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
         raise InputError(f"degree must be an int >= 1, got {degree!r}; degree=1 is linearize.")
     if not any(True for _ in model.parameters()):

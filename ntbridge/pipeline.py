@@ -43,9 +43,8 @@ from . import analytic, autograd, programs
 from .converters import (Graph, Translation, batch_statistics, check_ids, convert,
                          empirical_graph, pack)
 from .devices import platform_of
-from .dlpack import (abstract, all_finite, check_device, check_has_data, model_dtype, precision,
-                     torch_kernel_dtype)
-from .dlpack import to_jax
+from .dlpack import (abstract, all_finite, check_device, check_has_data, check_module,
+                     model_dtype, precision, to_jax, torch_kernel_dtype)
 from .empirical import Moments, nngp_task, ntk_task, running, sample_counts, sample_task
 from .empirical.reinit import check_resettable, reinitialise
 from .errors import InputError, InputTypeError, ShapeError, UnsupportedLayerError
@@ -82,6 +81,9 @@ class Request:
     batching: Batching = Batching()
     conversion: dict = dataclasses.field(default_factory=dict)
     weights: nn.Module | None = None
+
+    def __post_init__(self):
+        check_module(self.model)
 
 
 class Prepared(NamedTuple):

@@ -121,7 +121,7 @@ ROWS = {
     "no-analytic-rule": (lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Tanh()),
                          lambda m, p: ntbridge.ntk(m, X), errors.UnsupportedLayerError,
                          r"module 2 '2' \(Tanh\).*needs a Gaussian input"),
-    "not-a-module": (small_mlp, lambda m, p: ntbridge.ntk(lambda x: x, X), errors.InputTypeError,
+    "not-a-module": ("all", lambda f, m: f(lambda x: x, X), errors.InputTypeError,
                      r"model must be a torch.nn.Module, got function"),
     "not-a-tensor": ("all", lambda f, m: f(m, X.tolist()), errors.InputTypeError,
                      r"x1 must be a torch.Tensor, got list"),

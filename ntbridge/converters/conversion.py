@@ -12,8 +12,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..dlpack import model_dtype
-from ..errors import InputError, InputTypeError
+from ..dlpack import check_module, model_dtype
+from ..errors import InputError
 from ..stax.description import describe
 from . import (activations, aggregation, attention, conv, embedding, encoder,  # noqa: F401
                indexing, linear, normalization, pooling, positions, products,  # (converters)
@@ -84,8 +84,7 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
         >>> [n.name for n in g.layers]
         ['0', '1', '2']
     """
-    if not isinstance(model, nn.Module):
-        raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    check_module(model)
     _check_uniform(model)
     options = Options(parameterization, init, W_std, b_std, attention, attention_points,
                       shared_weights)

@@ -52,7 +52,8 @@ from torch import nn
 
 from ..api import kernel
 from ..converters import convert
-from ..errors import DependencyError, InputError, InputTypeError
+from ..dlpack import check_module
+from ..errors import DependencyError, InputError
 
 TESTED_VERSIONS = ((1, 15), (2, 0))  # GPyTorch versions this module is tested with: [1.15, 2.0)
 
@@ -110,8 +111,7 @@ class _NetworkKernel(gpytorch.kernels.Kernel):
                  learn: Sequence[str] = ("bias_std",), input_shape: Sequence[int] | None = None, parameterization: str = "standard",
                  batch_size: int | None = None, diag_block: int = 256,
                  batch_shape: torch.Size | None = None, active_dims: Sequence[int] | None = None):
-        if not isinstance(model, nn.Module):
-            raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+        check_module(model)
         if isinstance(learn, str) or not set(learn) <= {"weight_std", "bias_std"}:
             raise InputError(f"learn must be a tuple of names from ('weight_std', 'bias_std'), got "
                              f"{learn!r}.")

@@ -35,8 +35,8 @@ from torch.export import Dim, ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from ...compat import is_op_overload
-from ...dlpack import model_dtype, precision, to_jax
-from ...errors import ConversionError, InputError, InputTypeError, UnsupportedLayerError
+from ...dlpack import check_module, model_dtype, precision, to_jax
+from ...errors import ConversionError, InputError, UnsupportedLayerError
 from .aten import OPS, jax_dtype
 
 Variables = dict[str, jax.Array]
@@ -119,8 +119,7 @@ def translate(model: nn.Module, example: torch.Tensor) -> Translated:
 
 def export(model: nn.Module, example: torch.Tensor) -> ExportedProgram:
     """``model``'s forward exported with a dynamic batch axis and decomposed to core ATen."""
-    if not isinstance(model, nn.Module):
-        raise InputTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    check_module(model)
     if not isinstance(example, torch.Tensor) or example.ndim == 0 or example.shape[0] == 0:
         raise InputError("the example must be a torch.Tensor of shape (N, ...) with N >= 1.")
     if example.shape[0] == 1:  # torch.export fixes axes of size 1: show it two examples
