@@ -18,7 +18,8 @@ from ntbridge.tiling import blocks
 
 
 def _cnn(head: str) -> nn.Sequential:
-    tail = ([nn.Flatten(), nn.Linear(4 * 6 * 6, 3)] if head == "Flatten" else
+    """Two convolutions and an average pooling, for inputs (N, 2, 6, 6)."""
+    tail = ([nn.Flatten(), nn.Linear(4 * 3 * 3, 3)] if head == "Flatten" else
             [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)])
     return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(),
                          nn.AvgPool2d(2, padding=1), *tail)
@@ -35,8 +36,8 @@ def _analytic(graph, shape, platform=None):
 MODELS = {
     "FC": (lambda: nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(),
                                  nn.Linear(16, 2)), (5,)),
-    "CNN Flatten": (lambda: _cnn("Flatten"), (2, 8, 8)),
-    "CNN GAP": (lambda: _cnn("GAP"), (2, 8, 8)),
+    "CNN Flatten": (lambda: _cnn("Flatten"), (2, 6, 6)),
+    "CNN GAP": (lambda: _cnn("GAP"), (2, 6, 6)),
     "Encoder": (lambda: nn.Sequential(nn.Linear(8, 8), nn.TransformerEncoderLayer(
         8, 2, 16, batch_first=True).eval()), (4, 8)),
 }
@@ -74,7 +75,7 @@ def test_requests_are_blocked_on_cpu_and_symmetric():
     symmetric and equals the unblocked kernel_fn."""
     torch.manual_seed(0)
     model = _cnn("GAP").double()
-    x = torch.randn(40, 2, 8, 8, dtype=torch.float64)
+    x = torch.randn(40, 2, 6, 6, dtype=torch.float64)
     k = ntbridge.kernel(model, x)
     with jax.enable_x64(True):
         reference = ntbridge.convert(model).kernel_fn(jax.numpy.asarray(x.numpy()))
@@ -105,11 +106,11 @@ def test_gradients_through_blocks(monkeypatch):
     equal those of the kernel in one piece."""
     torch.manual_seed(0)
     model = _cnn("GAP").double()
-    x = torch.randn(9, 2, 8, 8, dtype=torch.float64)
+    x = torch.randn(9, 2, 6, 6, dtype=torch.float64)
     weights = torch.randn(9, 9, dtype=torch.float64)
     grads = []
     monkeypatch.setenv("NTBRIDGE_CACHE_DIR", "off")  # its keys do not hold the block size
-    for block_bytes in (blocks.BLOCK_BYTES, 2 ** 40):  # blocks of 4 examples; one block
+    for block_bytes in (blocks.BLOCK_BYTES, 2 ** 40):  # blocks of 5 examples; one block
         monkeypatch.setattr(blocks, "BLOCK_BYTES", block_bytes)
         ntbridge.programs.clear()
         x1 = x.clone().requires_grad_()
