@@ -128,9 +128,9 @@ def test_refusals_name_the_call_and_the_alternative():
     with pytest.raises(errors.ConversionError, match=r"computes with forward's second input 'adj'.*"
                                                      r"normalise it before"):
         ntbridge.convert(SecondInput())
-    with pytest.raises(errors.UnsupportedLayerError, match=r"matmul in Aggregated\.forward: only "
-                                                           r"h @ M .*write h @ self\.adjacency\.T"):
-        ntbridge.convert(Aggregated(lambda h, m: m.adj @ h).double())
+    with pytest.raises(errors.ShapeError, match=r"adjacency @ h aggregates node features \(N, 6, "
+                                                r"C\), nodes first, got \(3, 4, 6\)"):
+        ntbridge.nngp(Aggregated(lambda h, m: m.adj @ h).double(), _x())
     model = Aggregated(lambda h, m: h @ m.adj.T).double()
     model.adj = nn.Parameter(adjacency())
     with pytest.raises(errors.UnsupportedLayerError, match="uses the tensor 'adj' directly"):

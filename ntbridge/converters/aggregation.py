@@ -40,24 +40,27 @@ from .registry import Context, register
 
 class Aggregate(nn.Module):
     """``h @ adjacency.T``: ``y[..., u] = sum_v adjacency[u, v] h[..., v]`` (``adjacency (U, V)``,
-    a constant of the model, kept as a float64 copy)."""
+    a constant of the model, kept as a float64 copy); ``nodes_first``: ``adjacency @ h`` of
+    ``h (N, V, C)``, nodes first (Kipf's layout)."""
 
-    def __init__(self, adjacency: torch.Tensor):
+    def __init__(self, adjacency: torch.Tensor, nodes_first: bool = False):
         super().__init__()
         dense = adjacency.detach().to_dense() if adjacency.is_sparse else adjacency.detach()
-        self.matrix = dense.cpu().double().numpy()
+        self.matrix, self.nodes_first = dense.cpu().double().numpy(), nodes_first
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ torch.as_tensor(self.matrix.T, dtype=h.dtype, device=h.device)
+        a = torch.as_tensor(self.matrix, dtype=h.dtype, device=h.device)
+        return a @ h if self.nodes_first else h @ a.T
 
     def extra_repr(self) -> str:  # the kernel depends on every entry: the signature has a digest
         digest = hashlib.sha256(np.ascontiguousarray(self.matrix).tobytes()).hexdigest()[:16]
-        return f"adjacency={self.matrix.shape}, sha256={digest}"
+        return f"adjacency={self.matrix.shape}, sha256={digest}, nodes_first={self.nodes_first}"
 
 
 @register(Aggregate)
 def _aggregate(module: Aggregate, ctx: Context) -> stax.Layer:
-    return stax.Aggregate(module.matrix, name="graph aggregation")
+    rule = stax.NodesFirstAggregate if module.nodes_first else stax.Aggregate
+    return rule(module.matrix, name="graph aggregation")
 
 
 class NodeFeatures(nn.Module):

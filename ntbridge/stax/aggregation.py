@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
-from .kernel import Kernel, input_kernel
+from .conv import contract
+from .kernel import Kernel, input_kernel, map_arrays, sequence_kernel
 from .layers import Layer
 from .pooling import separable_linear
 
@@ -49,6 +50,46 @@ def Aggregate(adjacency: np.ndarray, name: str = "Aggregate") -> Layer:
         return [None] * (len(spatial) - 1) + [adjacency]
 
     return separable_linear(None, matrices, name)
+
+
+def NodesFirstAggregate(adjacency: np.ndarray, name: str = "NodesFirstAggregate") -> Layer:
+    """``(N, V, C) -> (N, U, C)``, nodes first (Kipf's layout, features last as ``nn.Linear``
+    reads them): each output node the ``adjacency (U, V)``-weighted sum of the input nodes (torch:
+    ``adjacency @ h``). The kernel's arrays are those of :func:`Aggregate` (every pair of nodes,
+    as every pair of tokens): ``A K A^T``, exact.
+
+    Example:
+        >>> NodesFirstAggregate(np.eye(5)).init_fn(None, (8, 5, 16))[0]
+        (8, 5, 16)
+    """
+    adjacency = np.asarray(adjacency, np.float64)
+    if adjacency.ndim != 2:
+        raise ShapeError(f"{name}: the adjacency must be a matrix (U, V), got shape "
+                         f"{adjacency.shape}")
+
+    def init_fn(key, shape):
+        if len(shape) != 3 or shape[1] != adjacency.shape[1]:
+            raise ShapeError(f"{name}: adjacency @ h aggregates node features (N, "
+                             f"{adjacency.shape[1]}, C), nodes first, got {tuple(shape)}")
+        return (shape[0], adjacency.shape[0], shape[2]), {}
+
+    def apply_fn(params, h):
+        return jnp.einsum("uv,nvc->nuc", jnp.asarray(adjacency, h.dtype), h,
+                          precision=jax.lax.Precision.HIGHEST)
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        if not k.tokens or k.diagonal_spatial:
+            raise UnsupportedLayerError(
+                f"{name}: adjacency @ h aggregates node features (N, V, C), nodes first, read "
+                f"features last (after an nn.Linear, or as the model's input); its input here is "
+                f"read channels first {k.shape1}, where nodes lie along the last axis: write "
+                f"h @ adjacency.T there")
+        fn = lambda a, n_batch: contract(contract(a, adjacency, n_batch), adjacency, n_batch + 1)
+        shape = lambda s: (s[0], adjacency.shape[0], s[2])
+        return map_arrays(k, fn).replace(shape1=shape(k.shape1), shape2=shape(k.shape2))
+
+    return Layer(init_fn, apply_fn, kernel_fn, full_spatial=True, affine=True,
+                 input_kernel=sequence_kernel)
 
 
 def unpacked(x: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -56,12 +56,19 @@ def input_aggregation(node: fx.Node, adjacencies: dict[fx.Node, bool]) -> tuple 
 
 
 def _matmul(h, m, *, out=None):
+    """``h @ M`` (nodes along h's last axis) or ``A @ h`` (nodes first, ``h (N, V, C)``) with a
+    constant matrix of the model."""
+    if isinstance(h, torch.Tensor) and isinstance(m, fx.Node) and out is None:
+        if h.ndim != 2:
+            raise UnsupportedLayerError(f"A @ h needs a constant matrix A (V, V), got a tensor of "
+                                        f"shape {tuple(h.shape)}.")
+        return Aggregate(h, nodes_first=True), [m]
     if isinstance(m, fx.Node) or not isinstance(h, fx.Node) or out is not None:
         raise UnsupportedLayerError(
-            "only h @ M with a constant matrix M of the model (a buffer: the graph's adjacency "
-            "transposed) or with each example's adjacency given to forward has a kernel rule: "
-            "nodes lie along h's last axis (N, C, V), so write h @ self.adjacency.T rather than "
-            "adjacency @ h.")
+            "only h @ M or A @ h with a constant matrix of the model (a buffer, the graph's "
+            "adjacency, or a normalisation of it computed in forward), or with each example's "
+            "adjacency given to forward, has a kernel rule: nodes lie along h's last axis, "
+            "h (N, C, V) @ self.adjacency.T, or first, self.adjacency @ h (N, V, C).")
     if not isinstance(m, torch.Tensor) or m.ndim != 2:
         raise UnsupportedLayerError(f"h @ M needs a constant matrix M, got {m!r}.")
     return Aggregate(m.T), [h]

@@ -57,6 +57,14 @@ def _permute(x, *dims) -> nn.Module:
     return SwapLast()
 
 
+def _attribute(x, name) -> nn.Module:
+    """``x.mT`` of ``(N, C, L)``: ``x.transpose(1, 2)``."""
+    if name != "mT":
+        raise UnsupportedLayerError(f"x.{name}: of a tensor's attributes only x.mT (x.transpose(1, "
+                                    f"2) of (N, C, L) <-> (N, L, C)) is supported.")
+    return SwapLast()
+
+
 def is_shape(a) -> bool:
     """Whether fx node ``a`` computes a shape or size (an int), or reads a tensor's device or
     dtype (``torch.arange(T, device=ids.device)``): no tensor."""
@@ -140,7 +148,7 @@ UNARY: dict = {
     operator.mul: _scale, torch.mul: _scale,
     operator.truediv: lambda x, c: _scale(x, c, divide=True),
     torch.transpose: _transpose, torch.swapaxes: _transpose, torch.swapdims: _transpose,
-    torch.permute: _permute,
+    torch.permute: _permute, getattr: _attribute,
 }
 BINARY: dict = {operator.add: _add, torch.add: _add}
 METHODS: dict = {
