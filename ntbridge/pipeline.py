@@ -40,8 +40,8 @@ import torch
 from torch import nn
 
 from . import analytic, autograd, programs
-from .converters import (Graph, Translation, batch_statistics, check_ids, convert,
-                         empirical_graph, pack)
+from .converters import (Graph, Selection, Translation, batch_statistics, check_ids, convert,
+                         empirical_graph, is_data, pack, pack_data)
 from .devices import platform_of
 from .dlpack import (abstract, all_finite, check_device, check_has_data, check_module,
                      model_dtype, precision, to_jax, torch_kernel_dtype)
@@ -93,6 +93,7 @@ class Prepared(NamedTuple):
     x1: torch.Tensor
     x2: torch.Tensor | None
     graph: Graph | Translation
+    selection: Selection | None = None  # PyG inputs: where x1 and x2 lie in the packed union
 
 
 class Outcome(NamedTuple):
@@ -192,6 +193,28 @@ def _packed(request: Request) -> tuple[Request, bool]:
     return dataclasses.replace(request, x1=packed[0], x2=packed[1]), True
 
 
+def _geometric(request: Request) -> tuple[Request, Selection | None]:
+    """The request with PyTorch Geometric inputs (``Data``, ``Batch``) packed as their union
+    (:func:`~ntbridge.converters.pack_data`), and where each lies in it; None for other inputs."""
+    if not is_data(request.x1):
+        if is_data(request.x2):
+            raise InputError("x2 is a PyTorch Geometric Data but x1 is not: give both as Data.")
+        return request, None
+    packed, selection = pack_data(request.x1, request.x2)
+    return dataclasses.replace(request, x1=packed, x2=None), selection
+
+
+def check_geometric_inputs(graph: Graph | Translation, selection: Selection | None) -> None:
+    """InputError unless inputs are PyG ``Data`` exactly when the model is a PyG model."""
+    takes = isinstance(graph, Graph) and graph.geometric_inputs
+    if takes and selection is None:
+        raise InputError("the model's forward takes PyTorch Geometric inputs, forward(x, "
+                         "edge_index, ...): pass x1 as a Data (or Batch), and x2 likewise.")
+    if selection is not None and not takes:
+        raise InputError("x1 is a PyTorch Geometric Data, but the model's forward does not take "
+                         "(x, edge_index, ...) with PyG layers that ntbridge converts.")
+
+
 def check_pair_inputs(graph: Graph | Translation, pairs: bool) -> None:
     """InputError unless inputs are pairs ``(x, adjacency)`` exactly when the model takes them."""
     takes = isinstance(graph, Graph) and graph.pair_inputs
@@ -205,22 +228,24 @@ def check_pair_inputs(graph: Graph | Translation, pairs: bool) -> None:
 
 def prepare(request: Request) -> Prepared:
     """The request's inputs validated and its model converted (steps 1 of the module doc)."""
+    request, selection = _geometric(request)
     request, pairs = _packed(request)
     x1, x2 = validate(request.x1, request.x2, indices=True)
     with _precision(request, x1):
-        graph = model_graph(request, x1, pairs)
+        graph = model_graph(request, x1, pairs or selection is not None)
         check_has_data(graph.tensors)
+        check_geometric_inputs(graph, selection)
         check_pair_inputs(graph, pairs)
         check_fits(graph, x1, x2)
         if not x1.is_floating_point():
             check_ids(graph, x1, x2, request.spec.empirical)
-    return Prepared(request, x1, x2, graph)
+    return Prepared(request, x1, x2, graph, selection)
 
 
 def execute(prepared: Prepared, spec: Spec | None = None) -> Outcome:
     """The kernel of ``spec`` (default: the request's; the same kind of spec, e.g. another range of
     Monte-Carlo samples) on the prepared request (step 2 of the module doc)."""
-    request, x1, x2, graph = prepared
+    request, x1, x2, graph, _ = prepared
     spec = request.spec if spec is None else spec
     batching = dataclasses.replace(request.batching, platform=platform_of(x1))
     with _precision(request, x1):
@@ -231,8 +256,13 @@ def execute(prepared: Prepared, spec: Spec | None = None) -> Outcome:
 
 
 def run(request: Request) -> Outcome:
-    """The request's kernel: :func:`execute` of :func:`prepare`."""
-    return execute(prepare(request))
+    """The request's kernel: :func:`execute` of :func:`prepare` (of PyG inputs, the block of x1
+    against x2)."""
+    prepared = prepare(request)
+    outcome = execute(prepared)
+    if prepared.selection is None:
+        return outcome
+    return outcome._replace(result=prepared.selection.block(outcome.result, prepared.graph.pooled))
 
 
 def expectation_error(request: Request) -> float:
@@ -240,7 +270,7 @@ def expectation_error(request: Request) -> float:
     their rules are numerical expectations (``ntbridge.expectation_error``): the prepared request
     evaluated once per replicate of the rule, in one piece (no tiling), by one program per
     model and inputs' shapes (an entry of the program cache)."""
-    _, x1, x2, graph = prepared = prepare(request)
+    _, x1, x2, graph, _ = prepared = prepare(request)
     names = (request.spec.get,) if isinstance(request.spec.get, str) else tuple(request.spec.get)
     with _precision(prepared.request, x1):
         a1, a2 = (None if x is None else to_jax(x) for x in (x1, x2))
@@ -273,7 +303,9 @@ def sample(request: Request, n_samples: int | Sequence[int]) -> Iterator[Estimat
                              "has no converter, so monte_carlo draws its initialisations with its "
                              "modules' own reset_parameters(): drop init, W_std and b_std.")
         draw = _reset_draws(prepared, spec)
-    return running(counts, draw)
+    if prepared.selection is None:
+        return running(counts, draw)
+    return (prepared.selection.block(e, prepared.graph.pooled) for e in running(counts, draw))
 
 
 def _reset_draws(prepared: Prepared, spec: MonteCarlo):

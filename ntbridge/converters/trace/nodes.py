@@ -27,6 +27,7 @@ from ..attention import PaddingIds
 from ..elementwise import Elementwise, Step
 from ..graph import Node, make_node
 from ..registry import Options
+from .geometric import check_inputs, is_geometric
 from .positions import PositionsView
 from .tracer import describe, trace
 
@@ -61,6 +62,7 @@ class Trace:
     time_major: set[fx.Node] = dataclasses.field(default_factory=set)  # (T, N, d) sequences
     adjacencies: dict[fx.Node, bool] = dataclasses.field(default_factory=dict)  # -> transposed
     attention_calls: set[fx.Node] = dataclasses.field(default_factory=set)  # (output, weights)
+    geometric: dict[fx.Node, str] = dataclasses.field(default_factory=dict)  # PyG graph inputs
 
     def add(self, node: fx.Node, name: str, module: nn.Module, inputs: tuple[int, ...],
             origin: str = "", call: dict | None = None) -> None:
@@ -109,7 +111,9 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     """
     graph = trace(model)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    if len(placeholders) > 2:
+    if is_geometric(placeholders):
+        check_inputs(placeholders, type(model).__name__)
+    elif len(placeholders) > 2:
         raise ConversionError(f"{type(model).__name__}.forward takes {len(placeholders)} inputs; "
                               f"ntbridge models take one tensor, forward(x), or node features and "
                               f"each example's graph, forward(x, adjacency).")

@@ -17,11 +17,13 @@ from ...stax import INPUT
 from ..aggregation import NodeFeatures
 from ..combinators import Add, Concat
 from ..elementwise import step_of
+from ..geometric import GeometricFeatures
 from ..indexing import Stack
 from ..products import Multiply
 from .adjacency import adjacency_view, input_aggregation
 from .calls import ATTENTION_MODULES, attention_call, attention_output, padding_ids
 from .equivalents import equivalent, is_shape
+from .geometric import geometric_call, is_geometric
 from .independence import correlated, dependent
 from .nodes import Trace, direct_use, pattern
 from .positions import (is_arange, is_arange_value, is_positions, learned_token, position_view,
@@ -118,7 +120,13 @@ def _placeholder(node: fx.Node, t: Trace) -> bool:
     packed input) and the adjacency (read through products alone, :func:`_input_aggregation`)."""
     if node.op != "placeholder":
         return False
-    if len(t.placeholders) != 2:
+    if is_geometric(t.placeholders):
+        if node is not t.placeholders[0]:
+            t.geometric[node] = node.target
+        else:
+            t.add(node, "x", GeometricFeatures(), (INPUT,),
+                  f"the node features x of {type(t.model).__name__}.forward")
+    elif len(t.placeholders) != 2:
         t.index[node] = INPUT
     elif node is t.placeholders[1]:
         t.adjacencies[node] = False
@@ -206,6 +214,26 @@ def _output(node: fx.Node, t: Trace) -> bool:
 def _shape(node: fx.Node, t: Trace) -> bool:
     """A size, shape, device or dtype (``x.size(0)``), read by the nodes that take it."""
     return is_shape(node)
+
+
+@pattern
+def _geometric_call(node: fx.Node, t: Trace) -> bool:
+    """A PyTorch Geometric layer's call ``conv(h, edge_index[, edge_weight])`` or a pooling
+    function's ``global_mean_pool(h, batch)``: fed by ``h`` and the packed graphs (:mod:`.geometric`)."""
+    if node.op == "call_module":
+        module = t.model.get_submodule(node.target)
+        origin = f"module {len(t.nodes)} '{node.target}' ({type(module).__name__})"
+    else:
+        module, origin = None, describe(node)
+    if (found := geometric_call(node, t.geometric, origin)) is None:
+        return False
+    stand_in, h, call = found
+    inputs = (t.source(h, origin), INPUT)
+    if stand_in is None:
+        t.add(node, node.target, module, inputs, "", call)
+    else:
+        t.add(node, node.name, stand_in, inputs, origin)
+    return True
 
 
 @pattern

@@ -1,0 +1,63 @@
+"""PyTorch Geometric's ``forward(x, edge_index, ...)`` in a traced model: its inputs named as
+``Data``'s attributes (``x``, ``edge_index``, ``edge_weight``, ``batch``), the graph inputs read
+by PyG layers and pooling functions alone; the stand-ins are :mod:`..geometric`'s."""
+
+from __future__ import annotations
+
+import sys
+
+from torch import fx
+
+from ...errors import ConversionError, UnsupportedLayerError
+from ..geometric import GlobalPool
+
+GRAPH_INPUTS = ("edge_index", "edge_weight", "batch")
+POOLS = {"global_mean_pool": "mean", "global_add_pool": "add"}
+
+
+def is_geometric(placeholders: list[fx.Node]) -> bool:
+    """Whether ``forward`` takes PyG's inputs: an ``edge_index`` after the node features."""
+    return any(p.target == "edge_index" for p in placeholders[1:])
+
+
+def check_inputs(placeholders: list[fx.Node], model_name: str) -> None:
+    """ConversionError unless every input after ``x`` is one of :data:`GRAPH_INPUTS`."""
+    other = [p.target for p in placeholders[1:] if p.target not in GRAPH_INPUTS]
+    if other:
+        raise ConversionError(
+            f"{model_name}.forward takes {other}: a PyTorch Geometric model's forward takes the "
+            f"node features first, then inputs named as Data's attributes among {GRAPH_INPUTS}.")
+
+
+def pool_functions() -> tuple:
+    """PyG's pooling functions, when the library is loaded (torch.fx keeps their calls whole)."""
+    glob = sys.modules.get("torch_geometric.nn.pool.glob")
+    names = (*POOLS, "global_max_pool")
+    return () if glob is None else tuple(getattr(glob, n) for n in names if hasattr(glob, n))
+
+
+def geometric_call(node: fx.Node, roles: dict[fx.Node, str], where: str):
+    """``(module or None, h, call)`` of a node taking a graph input (``roles``: the graph inputs'
+    fx nodes and names): a PyG layer's call (module None: the caller's), a pooling function's
+    (a :class:`GlobalPool`); None when it takes none; any other use is refused."""
+    arguments = [*node.args, *node.kwargs.values()]
+    pool = node.op == "call_function" and node.target in pool_functions()
+    if not (pool or any(a in roles for a in arguments)):
+        return None
+    h, rest = arguments[0], arguments[1:]
+    if h in roles or any(isinstance(a, fx.Node) and a not in roles for a in rest):
+        raise ConversionError(f"{where} takes the node features first, then graph inputs alone")
+    if node.op == "call_module":
+        return None, h, {"weighted": any(roles.get(a) == "edge_weight" for a in rest)}
+    name = getattr(node.target, "__name__", "")
+    if pool and name in POOLS:  # batch=None: each Data is one graph
+        return GlobalPool(POOLS[name]), h, None
+    if pool:
+        raise UnsupportedLayerError(
+            f"{where}: {name} has no kernel rule here (a maximum of Gaussians has no closed "
+            f"form); pool with global_mean_pool or global_add_pool.")
+    used = ", ".join(roles[a] for a in arguments if a in roles)
+    raise ConversionError(
+        f"{where} computes with the graph input {used}; in ntbridge the graphs enter PyTorch "
+        f"Geometric models only through their layers (conv(x, edge_index[, edge_weight])) and "
+        f"global_mean_pool/global_add_pool(x, batch).")

@@ -1,0 +1,140 @@
+"""PyTorch Geometric models converted from their modules (GCNConv, GraphConv, SAGEConv, GINConv,
+global_mean_pool/global_add_pool) with ``Data`` and ``Batch`` inputs: exact kernels of one layer
+against reference math built with PyG's own normalisation, the empirical NTK against torch.func,
+wide models against Monte-Carlo of fresh PyG-initialised models at their own width, x1 against x2,
+refusals."""
+
+import pytest
+import torch
+from torch import nn
+
+import ntbridge
+from ntbridge import errors
+
+tg = pytest.importorskip("torch_geometric")
+from torch_geometric.data import Batch, Data  # noqa: E402
+from torch_geometric.nn import (GATConv, GCNConv, GINConv, GraphConv, SAGEConv,  # noqa: E402
+                                global_add_pool, global_max_pool, global_mean_pool)
+from torch_geometric.nn.conv.gcn_conv import gcn_norm  # noqa: E402
+
+from montecarlo import fresh_kernels, standard_error, z_scores  # noqa: E402
+
+F = 3
+
+
+def data(v=5, seed=0, weighted=False) -> Data:
+    """A random undirected graph of ``v`` nodes (a ring and random chords, some repeated, no
+    self-loops), float64 features."""
+    gen = torch.Generator().manual_seed(seed)
+    ring = torch.stack([torch.arange(v), (torch.arange(v) + 1) % v])
+    start = torch.randint(0, v, (v,), generator=gen)
+    chords = torch.stack([start, (start + torch.randint(1, v, (v,), generator=gen)) % v])
+    edges = torch.cat([ring, chords], 1)
+    edges = torch.cat([edges, edges.flip(0)], 1)
+    weight = torch.rand(edges.shape[1], generator=gen, dtype=torch.float64) + 0.5
+    return Data(x=torch.randn(v, F, generator=gen, dtype=torch.float64), edge_index=edges,
+                edge_weight=weight if weighted else None)
+
+
+def dense(edges, weight, v) -> torch.Tensor:
+    """``M[target, source]`` summed over the edges."""
+    return torch.zeros(v, v, dtype=torch.float64).index_put_((edges[1], edges[0]), weight,
+                                                           accumulate=True)
+
+
+class One(nn.Module):
+    """One layer ``conv(x, edge_index[, edge_weight])``."""
+
+    def __init__(self, conv, weighted=False):
+        super().__init__()
+        self.conv, self.weighted = conv, weighted
+
+    def forward(self, x, edge_index, edge_weight):
+        return self.conv(x, edge_index, edge_weight) if self.weighted else self.conv(x, edge_index)
+
+
+def test_one_layer_kernels_are_exact():
+    """Linear models: NTK per output unit ``M x x^T M^T`` (+ 1 for a bias, + ``x x^T`` for a
+    root weight), NNGP with the layer's init variances, ``M`` from PyG's own normalisation."""
+    d = data(weighted=True)
+    v, x = d.x.shape[0], d.x
+    gram = x @ x.T
+    edges, norm = gcn_norm(d.edge_index, d.edge_weight, v, add_self_loops=True)
+    m = dense(edges, norm, v)
+    counts = dense(d.edge_index, torch.ones(d.edge_index.shape[1], dtype=torch.float64), v)
+    mean = counts / counts.sum(1, keepdim=True).clamp(min=1)
+    weighted = dense(d.edge_index, d.edge_weight, v)
+    cases = {  # model: (NTK, NNGP)
+        One(GCNConv(F, 2), True): (m @ gram @ m.T + 1, 2 / (F + 2) * m @ gram @ m.T),
+        One(SAGEConv(F, 2)): (mean @ gram @ mean.T + 1 + gram,
+                              (mean @ gram @ mean.T + 1 + gram) / (3 * F)),
+        One(GraphConv(F, 2), True): (weighted @ gram @ weighted.T + 1 + gram,
+                                     (weighted @ gram @ weighted.T + 1 + gram) / (3 * F)),
+    }
+    for model, (ntk, nngp) in cases.items():
+        k = ntbridge.kernel(model.double(), d)
+        torch.testing.assert_close(k.ntk, ntk, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(k.nngp, nngp, rtol=1e-12, atol=1e-12)
+
+
+class GCN(nn.Module):
+    """A 2-layer GCN for node classification (PyG's tutorial), edge weights optional."""
+
+    def __init__(self, width=8, out=4):
+        super().__init__()
+        self.conv1, self.conv2 = GCNConv(F, width), GCNConv(width, out)
+
+    def forward(self, x, edge_index, edge_weight):
+        return self.conv2(self.conv1(x, edge_index, edge_weight).relu(), edge_index, edge_weight)
+
+
+class GIN(nn.Module):
+    """Two GIN layers (inner MLPs), a per-graph pooling, a Linear head."""
+
+    def __init__(self, width=8, out=4):
+        super().__init__()
+        mlp = lambda i: nn.Sequential(nn.Linear(i, width), nn.ReLU(), nn.Linear(width, width))
+        self.gin1, self.gin2 = GINConv(mlp(F), eps=0.5), GINConv(mlp(width))
+        self.head = nn.Linear(width, out)
+
+    def forward(self, x, edge_index, batch):
+        h = self.gin2(self.gin1(x, edge_index).relu(), edge_index).relu()
+        return self.head(global_add_pool(h, batch))
+
+
+class Sage(nn.Module):
+    def __init__(self, aggr="mean", width=8):
+        super().__init__()
+        self.conv1 = SAGEConv(F, width, aggr=aggr)
+        self.conv2 = GraphConv(width, 4, aggr="mean")
+
+    def forward(self, x, edge_index):
+        return global_mean_pool(self.conv2(self.conv1(x, edge_index).tanh(), edge_index), None)
+
+
+def _batch():
+    return Batch.from_data_list([data(4, 1), data(6, 2), data(5, 3)])
+
+
+def _call(fn, d, model=None):
+    """``fn`` called with ``d``'s attributes named as ``model.forward``'s inputs (``model``: ``fn``
+    itself when None)."""
+    code = (model or fn).forward.__code__
+    return fn(*[getattr(d, n) for n in code.co_varnames[1:code.co_argcount]])
+
+
+@pytest.mark.parametrize("build, inputs", [
+    (lambda: GCN(), lambda: data(weighted=True)),
+    (lambda: GIN(), _batch),
+    (lambda: Sage("sum"), lambda: data(6)),
+])
+def test_forward_and_empirical_ntk_are_torch_funcs(build, inputs):
+    torch.manual_seed(0)
+    model, d = build().double(), inputs()
+    params = dict(model.named_parameters())
+    out = _call(model, d)
+    jac = torch.func.jacrev(lambda p: _call(lambda *a: torch.func.functional_call(model, p, a),
+                                            d, model))(params)
+    exact = sum(torch.einsum("vop,wop->vw", j.flatten(2), j.flatten(2)) for j in jac.values())
+    got = ntbridge.empirical_ntk(model, d)
+    torch.testing.assert_close(got, exact / out.shape[-1], rtol=1e-10, atol=1e-12)
