@@ -10,8 +10,9 @@ what to compute, and calls :func:`run`:
    ``torch.export`` graph of a model the layer registry does not cover
    (:mod:`ntbridge.converters.translated`); integer inputs (token ids) go to empirical
    kernels, and to analytic ones of models reading them with an ``nn.Embedding``; a graph model's
-   inputs, pairs ``(x, adjacency)``, are packed into one tensor
-   (:func:`ntbridge.converters.graph_ops.pack`) that the converted model reads;
+   inputs, pairs ``(x, adjacency)`` or PyTorch Geometric's ``Data``, are packed into one tensor
+   (:func:`ntbridge.converters.packed_inputs`) that the converted model reads (of ``Data``, x1 and
+   x2 as one graph, whose kernel's block of x1 against x2 :func:`run` and :func:`sample` return);
 2. :func:`execute`: the builder of the spec's type (:data:`BUILDERS`: :mod:`ntbridge.analytic`,
    :mod:`ntbridge.empirical`) makes the :class:`~ntbridge.tiling.Task`; :func:`ntbridge.tiling.compute`
    plans its tiles from XLA's memory analysis of the one program it compiles (or finds in
@@ -40,8 +41,8 @@ import torch
 from torch import nn
 
 from . import analytic, autograd, programs
-from .converters import (Graph, Selection, Translation, batch_statistics, check_ids, convert,
-                         empirical_graph, is_data, pack, pack_data)
+from .converters import (Graph, Selection, Translation, batch_statistics, check_ids,
+                         check_input_kind, convert, empirical_graph, packed_inputs)
 from .devices import platform_of
 from .dlpack import (abstract, all_finite, check_device, check_has_data, check_module,
                      model_dtype, precision, to_jax, torch_kernel_dtype)
@@ -182,60 +183,15 @@ def _precision(request: Request, x1: torch.Tensor):
     return precision(x1.dtype if x1.is_floating_point() else model_dtype(request.model))
 
 
-def _packed(request: Request) -> tuple[Request, bool]:
-    """The request with graph inputs packed (module doc), and whether they were."""
-    is_pair = lambda x: (isinstance(x, (tuple, list))
-                         and any(isinstance(t, torch.Tensor) for t in x))
-    if not (is_pair(request.x1) or is_pair(request.x2)):  # other lists: refused as inputs
-        return request, False
-    packed = [None if x is None else pack(x, name) for name, x in (("x1", request.x1),
-                                                                    ("x2", request.x2))]
-    return dataclasses.replace(request, x1=packed[0], x2=packed[1]), True
-
-
-def _geometric(request: Request) -> tuple[Request, Selection | None]:
-    """The request with PyTorch Geometric inputs (``Data``, ``Batch``) packed as their union
-    (:func:`~ntbridge.converters.pack_data`), and where each lies in it; None for other inputs."""
-    if not is_data(request.x1):
-        if is_data(request.x2):
-            raise InputError("x2 is a PyTorch Geometric Data but x1 is not: give both as Data.")
-        return request, None
-    packed, selection = pack_data(request.x1, request.x2)
-    return dataclasses.replace(request, x1=packed, x2=None), selection
-
-
-def check_geometric_inputs(graph: Graph | Translation, selection: Selection | None) -> None:
-    """InputError unless inputs are PyG ``Data`` exactly when the model is a PyG model."""
-    takes = isinstance(graph, Graph) and graph.geometric_inputs
-    if takes and selection is None:
-        raise InputError("the model's forward takes PyTorch Geometric inputs, forward(x, "
-                         "edge_index, ...): pass x1 as a Data (or Batch), and x2 likewise.")
-    if selection is not None and not takes:
-        raise InputError("x1 is a PyTorch Geometric Data, but the model's forward does not take "
-                         "(x, edge_index, ...) with PyG layers that ntbridge converts.")
-
-
-def check_pair_inputs(graph: Graph | Translation, pairs: bool) -> None:
-    """InputError unless inputs are pairs ``(x, adjacency)`` exactly when the model takes them."""
-    takes = isinstance(graph, Graph) and graph.pair_inputs
-    if takes and not pairs:
-        raise InputError("the model's forward takes node features and each example's graph, "
-                         "forward(x, adjacency): pass x1=(x, adjacency) (and x2 likewise).")
-    if pairs and not takes:
-        raise InputError("x1 is a pair (x, adjacency), but the model's forward takes one tensor; "
-                         "pairs are for graph models of forward(x, adjacency).")
-
-
 def prepare(request: Request) -> Prepared:
     """The request's inputs validated and its model converted (steps 1 of the module doc)."""
-    request, selection = _geometric(request)
-    request, pairs = _packed(request)
+    x1, x2, pairs, selection = packed_inputs(request.x1, request.x2)
+    request = dataclasses.replace(request, x1=x1, x2=x2)
     x1, x2 = validate(request.x1, request.x2, indices=True)
     with _precision(request, x1):
         graph = model_graph(request, x1, pairs or selection is not None)
         check_has_data(graph.tensors)
-        check_geometric_inputs(graph, selection)
-        check_pair_inputs(graph, pairs)
+        check_input_kind(graph, pairs, selection)
         check_fits(graph, x1, x2)
         if not x1.is_floating_point():
             check_ids(graph, x1, x2, request.spec.empirical)

@@ -138,3 +138,83 @@ def test_forward_and_empirical_ntk_are_torch_funcs(build, inputs):
     exact = sum(torch.einsum("vop,wop->vw", j.flatten(2), j.flatten(2)) for j in jac.values())
     got = ntbridge.empirical_ntk(model, d)
     torch.testing.assert_close(got, exact / out.shape[-1], rtol=1e-10, atol=1e-12)
+
+
+class Fresh(nn.Module):
+    """``build()`` on one fixed graph, a module of the node features alone (for fresh_kernels)."""
+
+    def __init__(self, build, d):
+        super().__init__()
+        self.model, self.d = build(), d
+
+    def forward(self, x):
+        return _call(lambda *a: self.model(x, *a[1:]), self.d, self.model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build, inputs", [
+    (lambda: GCN(width=256, out=64), lambda: data(4, weighted=True)),
+    (lambda: GIN(width=256, out=64), lambda: Batch.from_data_list([data(3, 1), data(4, 2)])),
+])
+def test_wide_models_match_monte_carlo_at_their_width(build, inputs):
+    """Fresh models as PyG initialises them (GCNConv's glorot weights and zero bias): their
+    empirical NNGP and NTK average to the analytic kernels, node by node or graph by graph."""
+    d = inputs()
+    nngp, ntk = fresh_kernels(lambda: Fresh(build, d), d.x, 60)
+    torch.manual_seed(0)
+    k = ntbridge.kernel(build().double(), d)
+    for samples, exact in ((nngp, k.nngp), (ntk, k.ntk)):
+        assert samples.shape[1:] == exact.shape
+        assert standard_error(samples).max() < 0.05 * exact.abs().max()  # the check has power
+        assert z_scores(samples, exact).max() < 5
+
+
+def test_x2_is_the_block_of_the_union_and_batches_pool_each_graph():
+    torch.manual_seed(0)
+    gcn, gin = GCN().double(), GIN().double()
+    d1, d2 = data(5, 1), data(3, 2)
+    assert ntbridge.nngp(gcn, d1, d2).shape == (5, 3)
+    torch.testing.assert_close(ntbridge.ntk(gcn, d1, d1), ntbridge.ntk(gcn, d1), rtol=1e-12,
+                               atol=1e-12)
+    batch = _batch()
+    k = ntbridge.kernel(gin, batch)
+    assert k.ntk.shape == (3, 3)
+    graphs = batch.to_data_list()
+    for i, j in ((0, 2), (1, 1)):
+        pair = ntbridge.kernel(gin, graphs[i], graphs[j])
+        torch.testing.assert_close(pair.ntk[0, 0], k.ntk[i, j], rtol=1e-10, atol=1e-12)
+    estimate = ntbridge.monte_carlo(gin, batch, n_samples=8)
+    assert estimate.mean.shape == (3, 3)
+
+
+def test_refusals_name_the_layer_and_what_works():
+    class GAT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GATConv(F, 4)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    class MaxPooled(GIN):
+        def forward(self, x, edge_index, batch):
+            return global_max_pool(self.gin1(x, edge_index), batch)
+
+    with pytest.raises(errors.UnsupportedLayerError, match=r"GATConv \(attention over neighbours "
+                                                           r"has no kernel rule here\).*GCNConv"):
+        ntbridge.convert(GAT().double())
+    with pytest.raises(errors.UnsupportedLayerError, match=r"global_max_pool has no kernel rule.*"
+                                                           r"global_mean_pool or global_add_pool"):
+        ntbridge.convert(MaxPooled().double())
+    with pytest.raises(errors.UnsupportedLayerError, match=r"SAGEConv\(normalize=True\)"):
+        ntbridge.convert(One(SAGEConv(F, 2, normalize=True)).double())
+    trained = One(GINConv(nn.Sequential(nn.Linear(F, 4)), train_eps=True)).double()
+    with pytest.raises(errors.UnsupportedLayerError, match=r"train_eps=True"):
+        ntbridge.ntk(trained, data())
+    ntbridge.empirical_ntk(trained, data())  # the finite model's kernel works
+    with pytest.raises(errors.InputError, match=r"pass x1 as a Data"):
+        ntbridge.ntk(GCN().double(), data().x)
+    with pytest.raises(errors.InputError, match=r"x1 is a PyTorch Geometric Data, but"):
+        ntbridge.ntk(nn.Sequential(nn.Linear(F, 2)).double(), data())
+    with pytest.raises(errors.InputError, match=r"x2 is Tensor"):
+        ntbridge.ntk(GCN().double(), data(), data().x)

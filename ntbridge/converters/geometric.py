@@ -11,6 +11,8 @@ glorot weights (``W_std**2 = 2 fan_in / (fan_in + fan_out)``) and a zero bias.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
@@ -22,6 +24,16 @@ from .registry import Context, find_converter, register, register_by_name
 CONV = "torch_geometric.nn.conv."
 SUPPORTED = ("GCNConv, GraphConv, SAGEConv (mean or sum), GINConv (train_eps=False for the "
              "analytic kernels), global_mean_pool and global_add_pool")
+
+
+POOLS = {"global_mean_pool": "mean", "global_add_pool": "add"}
+
+
+def pool_functions() -> tuple:
+    """PyG's pooling functions, when the library is loaded (torch.fx keeps their calls whole)."""
+    glob = sys.modules.get("torch_geometric.nn.pool.glob")
+    names = (*POOLS, "global_max_pool")
+    return () if glob is None else tuple(getattr(glob, n) for n in names if hasattr(glob, n))
 
 
 class GeometricFeatures(nn.Module):

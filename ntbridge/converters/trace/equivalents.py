@@ -10,6 +10,7 @@ quotients by constants -> :class:`~..combinators.Scale`, the product of two tens
 from __future__ import annotations
 
 import operator
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -199,3 +200,15 @@ def equivalent(node: fx.Node, constants: dict | None = None) -> tuple[nn.Module,
         f"{sorted({*METHODS, *METHOD_FORMS, *BINARY_METHODS, *OTHER_METHODS})}. Use a module, "
         f"or register a converter for "
         f"a module wrapping this computation (ntbridge.register_converter).")
+
+
+def located(fn: Callable, where: str) -> Callable:
+    """``fn`` whose errors (unsupported arguments) name the call ``where``."""
+    def located(*args):
+        try:
+            return fn(*args)
+        except UnsupportedLayerError as e:
+            raise UnsupportedLayerError(f"{where}: {e}") from None
+        except TypeError as e:  # arguments the equivalent module does not take
+            raise UnsupportedLayerError(f"{where}: unsupported arguments ({e}).") from None
+    return located

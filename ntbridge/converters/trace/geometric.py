@@ -4,15 +4,13 @@ by PyG layers and pooling functions alone; the stand-ins are :mod:`..geometric`'
 
 from __future__ import annotations
 
-import sys
-
-from torch import fx
+from torch import fx, nn
 
 from ...errors import ConversionError, UnsupportedLayerError
-from ..geometric import GlobalPool
+from ..geometric import POOLS, GlobalPool, pool_functions
+from .tracer import describe
 
 GRAPH_INPUTS = ("edge_index", "edge_weight", "batch")
-POOLS = {"global_mean_pool": "mean", "global_add_pool": "add"}
 
 
 def is_geometric(placeholders: list[fx.Node]) -> bool:
@@ -29,26 +27,36 @@ def check_inputs(placeholders: list[fx.Node], model_name: str) -> None:
             f"node features first, then inputs named as Data's attributes among {GRAPH_INPUTS}.")
 
 
-def pool_functions() -> tuple:
-    """PyG's pooling functions, when the library is loaded (torch.fx keeps their calls whole)."""
-    glob = sys.modules.get("torch_geometric.nn.pool.glob")
-    names = (*POOLS, "global_max_pool")
-    return () if glob is None else tuple(getattr(glob, n) for n in names if hasattr(glob, n))
+def geometric_call(node: fx.Node, model: nn.Module, roles: dict[fx.Node, str], index: int):
+    """``(name, module, h, origin, call)`` of a node taking a graph input (``roles``: the graph
+    inputs' fx nodes and names; ``index``: the node's among the converted ones): a PyG layer's
+    call (``call``: whether it passes edge weights), a pooling function's (a :class:`GlobalPool`,
+    ``call`` None); None when it takes none; any other use is refused."""
+    if node.op == "call_module":
+        module = model.get_submodule(node.target)
+        where = f"module {index} '{node.target}' ({type(module).__name__})"
+    else:
+        where = describe(node)
+    found = _call(node, roles, where)
+    if found is None:
+        return None
+    stand_in, h, call = found
+    return ((node.target, module, h, where, call) if stand_in is None
+            else (node.name, stand_in, h, where, None))
 
 
-def geometric_call(node: fx.Node, roles: dict[fx.Node, str], where: str):
-    """``(module or None, h, call)`` of a node taking a graph input (``roles``: the graph inputs'
-    fx nodes and names): a PyG layer's call (module None: the caller's), a pooling function's
-    (a :class:`GlobalPool`); None when it takes none; any other use is refused."""
+def _call(node: fx.Node, roles: dict[fx.Node, str], where: str):
     arguments = [*node.args, *node.kwargs.values()]
     pool = node.op == "call_function" and node.target in pool_functions()
-    if not (pool or any(a in roles for a in arguments)):
+    if not (pool or any(isinstance(a, fx.Node) and a in roles for a in arguments)):
         return None
     h, rest = arguments[0], arguments[1:]
-    if h in roles or any(isinstance(a, fx.Node) and a not in roles for a in rest):
+    if not isinstance(h, fx.Node) or h in roles or any(
+            isinstance(a, fx.Node) and a not in roles for a in rest):
         raise ConversionError(f"{where} takes the node features first, then graph inputs alone")
     if node.op == "call_module":
-        return None, h, {"weighted": any(roles.get(a) == "edge_weight" for a in rest)}
+        return None, h, {"weighted": any(isinstance(a, fx.Node) and roles.get(a) == "edge_weight"
+                                     for a in rest)}
     name = getattr(node.target, "__name__", "")
     if pool and name in POOLS:  # batch=None: each Data is one graph
         return GlobalPool(POOLS[name]), h, None
@@ -56,7 +64,7 @@ def geometric_call(node: fx.Node, roles: dict[fx.Node, str], where: str):
         raise UnsupportedLayerError(
             f"{where}: {name} has no kernel rule here (a maximum of Gaussians has no closed "
             f"form); pool with global_mean_pool or global_add_pool.")
-    used = ", ".join(roles[a] for a in arguments if a in roles)
+    used = ", ".join(roles[a] for a in arguments if isinstance(a, fx.Node) and a in roles)
     raise ConversionError(
         f"{where} computes with the graph input {used}; in ntbridge the graphs enter PyTorch "
         f"Geometric models only through their layers (conv(x, edge_index[, edge_weight])) and "

@@ -12,7 +12,7 @@ from torch import fx, nn
 
 from ...errors import ConversionError
 from ..registry import find_converter
-from .geometric import pool_functions
+from ..geometric import pool_functions
 
 _SCOPE = "ntbridge_scope"  # node.meta key: (qualified name, type name) of the enclosing module
 
