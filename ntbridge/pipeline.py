@@ -185,7 +185,8 @@ def _precision(request: Request, x1: torch.Tensor):
 
 def prepare(request: Request) -> Prepared:
     """The request's inputs validated and its model converted (steps 1 of the module doc)."""
-    x1, x2, pairs, selection = packed_inputs(request.x1, request.x2)
+    x1, x2, pairs, selection = packed_inputs(request.x1, request.x2,
+                                             lambda: model_graph(request, None, True).nodes_first)
     request = dataclasses.replace(request, x1=x1, x2=x2)
     x1, x2 = validate(request.x1, request.x2, indices=True)
     with _precision(request, x1):

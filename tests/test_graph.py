@@ -279,8 +279,9 @@ def test_graph_inputs_refusals_say_what_to_pass():
         ntbridge.ntk(model, (x, a[:, :3]))
     with pytest.raises(errors.InputError, match="the model's forward takes one tensor"):
         ntbridge.ntk(nn.Sequential(nn.Flatten(), nn.Linear(8, 1)).double(), (x, a))
-    with pytest.raises(errors.UnsupportedLayerError, match=r"not adjacency @ h"):
-        ntbridge.convert(PerExample(lambda h, a: a @ h))
+    with pytest.raises(errors.UnsupportedLayerError, match=r"write every aggregation in one "
+                                                           r"layout"):
+        ntbridge.convert(PerExample(lambda h, a: a @ h @ a.mT))
     with pytest.raises(errors.ConversionError, match=r"normalise it before passing it"):
         ntbridge.convert(PerExample(lambda h, a: h @ (a / a.sum(-1, keepdim=True))))
 

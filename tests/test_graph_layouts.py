@@ -121,3 +121,92 @@ def test_refusals_name_the_form_that_works():
     with pytest.raises(errors.UnsupportedLayerError, match=r"x\.T: of a tensor's attributes only "
                                                            r"x\.mT"):
         ntbridge.convert(NodesFirst(lambda h, m: m.adj @ h.T, graph()).double())
+
+
+# ------------------------------- each example's own graph, nodes first: forward(x, adjacency)
+
+PER_EXAMPLE = {  # name: (fn(h (N, V, C), adjacency (N, V, V)), transposed)
+    "adjacency @ h": (lambda h, a: a @ h, False),
+    "torch.bmm(adjacency, h)": (lambda h, a: torch.bmm(a, h), False),
+    "torch.matmul(adjacency.mT, h)": (lambda h, a: torch.matmul(a.mT, h), True),
+    "adjacency.transpose(1, 2).bmm(h)": (lambda h, a: a.transpose(1, 2).bmm(h), True),
+}
+
+
+class OwnGraphs(nn.Module):
+    """``spelling(Linear(x), adjacency)`` on ``x (N, V, F)``, twice with a ReLU between when
+    ``deep`` (then the nodes' mean and a Linear head)."""
+
+    def __init__(self, spelling, width=4, deep=False, out=2):
+        super().__init__()
+        self.lin, self.spelling, self.deep = nn.Linear(F, width), spelling, deep
+        if deep:
+            self.lin2, self.head = nn.Linear(width, width), nn.Linear(width, out)
+
+    def forward(self, x, adjacency):
+        h = self.spelling(self.lin(x), adjacency)
+        if not self.deep:
+            return h
+        h = self.spelling(self.lin2(torch.relu(h)), adjacency)
+        return self.head(torch.relu(h).mean(1))
+
+
+def _graphs(n, seed):
+    """``(x (n, V, F), adjacencies (n, V, V))``, non-symmetric, float64."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, V, F, generator=gen, dtype=torch.float64),
+            torch.rand(n, V, V, generator=gen, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", PER_EXAMPLE)
+def test_each_examples_graph_nodes_first_is_exact(name):
+    """NTK per output unit ``A1 (x1 x2^T + 1) A2^T``, each example with its own ``A``."""
+    spelling, transposed = PER_EXAMPLE[name]
+    (x1, a1), (x2, a2) = _graphs(3, 1), _graphs(2, 2)
+    m1, m2 = (a.mT if transposed else a for a in (a1, a2))
+    inner = torch.einsum("nvf,mwf->nmvw", x1, x2) + 1
+    ntk = torch.einsum("nuv,nmvw,mxw->nmux", m1, inner, m2)
+    k = ntbridge.kernel(OwnGraphs(spelling).double(), (x1, a1), (x2, a2))
+    torch.testing.assert_close(k.ntk, ntk, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(k.nngp, ntk / (3 * F), rtol=1e-12, atol=1e-12)
+
+
+def test_nodes_first_graph_model_empirical_ntk_is_torch_funcs():
+    torch.manual_seed(0)
+    model = OwnGraphs(PER_EXAMPLE["torch.bmm(adjacency, h)"][0], deep=True).double()
+    x, a = _graphs(3, 0)
+    params = dict(model.named_parameters())
+    jac = torch.func.jacrev(lambda p: torch.func.functional_call(model, p, (x, a)))(params)
+    exact = sum(torch.einsum("nop,mop->nm", j.flatten(2), j.flatten(2)) for j in jac.values()) / 2
+    torch.testing.assert_close(ntbridge.empirical_ntk(model, (x, a)), exact, rtol=1e-10,
+                               atol=1e-12)
+
+
+@pytest.mark.slow
+def test_nodes_first_graph_model_matches_monte_carlo_at_its_width():
+    x, a = _graphs(3, 0)
+    build = lambda: OwnGraphs(PER_EXAMPLE["adjacency @ h"][0], width=256, deep=True, out=64)
+
+    class Fixed(nn.Module):  # fresh_kernels calls model(x): the graphs are fixed
+        def __init__(self):
+            super().__init__()
+            self.model = build()
+
+        def forward(self, x):
+            return self.model(x, a)
+
+    nngp, ntk = fresh_kernels(Fixed, x, 60)
+    torch.manual_seed(0)
+    k = ntbridge.kernel(build().double(), (x, a))
+    for samples, exact in ((nngp, k.nngp), (ntk, k.ntk)):
+        assert standard_error(samples).max() < 0.05 * exact.abs().max()  # the check has power
+        assert z_scores(samples, exact).max() < 5
+
+
+def test_nodes_first_pairs_are_checked():
+    model = OwnGraphs(PER_EXAMPLE["adjacency @ h"][0]).double()
+    x, a = _graphs(3, 0)
+    with pytest.raises(errors.ShapeError, match=r"node features x \(N, V, C\), nodes first as the "
+                                                r"model reads them, and adjacencies \(N, V, V\), "
+                                                r"got x \(3, 5, 3\) and adjacency \(3, 4, 4\)"):
+        ntbridge.ntk(model, (x, a[:, :4, :4]))

@@ -223,6 +223,12 @@ class Graph:
         return any(isinstance(n.module, NodeFeatures) for n in self.layers)
 
     @property
+    def nodes_first(self) -> bool:
+        """Whether ``forward(x, adjacency)`` reads ``x (N, V, C)``, nodes first (``adjacency @ h``)."""
+        return any(isinstance(n.module, NodeFeatures) and n.module.nodes_first
+                   for n in self.layers)
+
+    @property
     def geometric_inputs(self) -> bool:
         """Whether ``forward`` is a PyTorch Geometric model's, ``forward(x, edge_index, ...)``,
         reading ``Data`` packed into one array (:mod:`.geometric_inputs`)."""

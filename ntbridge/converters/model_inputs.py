@@ -5,6 +5,8 @@ the kind the model takes."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..errors import InputError
@@ -17,10 +19,12 @@ def _is_pair(x) -> bool:
     return isinstance(x, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in x)
 
 
-def packed_inputs(x1, x2) -> tuple[object, object, bool, Selection | None]:
+def packed_inputs(x1, x2, nodes_first: Callable[[], bool]) -> tuple[object, object, bool,
+                                                                   Selection | None]:
     """``(x1, x2, pairs, selection)``: the inputs packed, whether they were pairs ``(x,
     adjacency)``, and for PyG inputs where x1 and x2 lie in their packed union (x2 is then None);
-    other inputs as they are (other lists are refused as inputs later)."""
+    other inputs as they are (other lists are refused as inputs later). ``nodes_first()``: whether
+    the model reads pairs' x as ``(N, V, C)`` (asked of pairs only)."""
     if is_data(x1):
         packed, selection = pack_data(x1, x2)
         return packed, None, False, selection
@@ -28,7 +32,8 @@ def packed_inputs(x1, x2) -> tuple[object, object, bool, Selection | None]:
         raise InputError("x2 is a PyTorch Geometric Data but x1 is not: give both as Data.")
     if not (_is_pair(x1) or _is_pair(x2)):
         return x1, x2, False, None
-    return pack(x1, "x1"), None if x2 is None else pack(x2, "x2"), True, None
+    first = nodes_first()
+    return (pack(x1, "x1", first), None if x2 is None else pack(x2, "x2", first), True, None)
 
 
 def check_input_kind(graph, pairs: bool, selection: Selection | None) -> None:

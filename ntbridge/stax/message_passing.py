@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
+from .aggregation import aggregated
 from .kernel import Kernel, sequence_kernel
 from .layers import Layer, with_hyper
 
@@ -116,13 +117,8 @@ MATRICES: dict[str, Callable] = {
 def propagated(k: Kernel, m1: jax.Array, m2: jax.Array) -> Kernel:
     """The kernel of ``M h`` for nodes-first ``h`` of kernel ``k`` (every pair of nodes):
     ``M1 K M2^T``, exact."""
-    pairs = lambda t: jnp.einsum("auv,abvw,bxw->abux", m1, t, m2, precision=HIGHEST)
-    own = lambda c, m: jnp.einsum("auv,avw,axw->aux", m, c, m, precision=HIGHEST)
-    cov1 = own(k.cov1, m1)
     shape = lambda s, m: (s[0], m.shape[1], s[2])
-    return k.replace(nngp=pairs(k.nngp), ntk=None if k.ntk is None else pairs(k.ntk), cov1=cov1,
-                     cov2=cov1 if k.x1_is_x2 else own(k.cov2, m2),
-                     shape1=shape(k.shape1, m1), shape2=shape(k.shape2, m2))
+    return aggregated(k, m1, m2).replace(shape1=shape(k.shape1, m1), shape2=shape(k.shape2, m2))
 
 
 def _summed(ks: Sequence[Kernel]) -> Kernel:

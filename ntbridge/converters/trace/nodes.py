@@ -27,6 +27,7 @@ from ..attention import PaddingIds
 from ..elementwise import Elementwise, Step
 from ..graph import Node, make_node
 from ..registry import Options
+from .adjacency import reads_nodes_first
 from .geometric import check_inputs, is_geometric
 from .positions import PositionsView
 from .tracer import describe, trace
@@ -63,6 +64,7 @@ class Trace:
     adjacencies: dict[fx.Node, bool] = dataclasses.field(default_factory=dict)  # -> transposed
     attention_calls: set[fx.Node] = dataclasses.field(default_factory=set)  # (output, weights)
     geometric: dict[fx.Node, str] = dataclasses.field(default_factory=dict)  # PyG graph inputs
+    nodes_first: bool = False  # forward(x, adjacency) computes adjacency @ h, x (N, V, C)
 
     def add(self, node: fx.Node, name: str, module: nn.Module, inputs: tuple[int, ...],
             origin: str = "", call: dict | None = None) -> None:
@@ -118,6 +120,8 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
                               f"ntbridge models take one tensor, forward(x), or node features and "
                               f"each example's graph, forward(x, adjacency).")
     state = Trace(model, options, placeholders, dict(model.named_parameters()))
+    if len(placeholders) == 2 and not is_geometric(placeholders):
+        state.nodes_first = reads_nodes_first(graph, placeholders[1])
     for node in graph.nodes:
         any(fn(node, state) for fn in PATTERNS)  # the first pattern claiming it ends its turn
     return state.nodes

@@ -130,7 +130,7 @@ def _placeholder(node: fx.Node, t: Trace) -> bool:
     elif node is t.placeholders[1]:
         t.adjacencies[node] = False
     else:
-        t.add(node, "x", NodeFeatures(), (INPUT,), f"the node features x of {name}")
+        t.add(node, "x", NodeFeatures(t.nodes_first), (INPUT,), f"the node features x of {name}")
     return True
 
 
