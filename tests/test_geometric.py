@@ -53,6 +53,17 @@ class One(nn.Module):
         return self.conv(x, edge_index, edge_weight) if self.weighted else self.conv(x, edge_index)
 
 
+class Twice(nn.Module):
+    """The sum of two GCNConv of the same input: independent weights, the kernels add."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = GCNConv(F, 2), GCNConv(F, 2)
+
+    def forward(self, x, edge_index, edge_weight):
+        return self.a(x, edge_index, edge_weight) + self.b(x, edge_index, edge_weight)
+
+
 def test_one_layer_kernels_are_exact():
     """Linear models: NTK per output unit ``M x x^T M^T`` (+ 1 for a bias, + ``x x^T`` for a
     root weight), NNGP with the layer's init variances, ``M`` from PyG's own normalisation."""
@@ -64,8 +75,20 @@ def test_one_layer_kernels_are_exact():
     counts = dense(d.edge_index, torch.ones(d.edge_index.shape[1], dtype=torch.float64), v)
     mean = counts / counts.sum(1, keepdim=True).clamp(min=1)
     weighted = dense(d.edge_index, d.edge_weight, v)
+    edges2, norm2 = gcn_norm(d.edge_index, d.edge_weight, v, improved=True, add_self_loops=True)
+    improved = dense(edges2, norm2, v)
+    edges3, norm3 = gcn_norm(d.edge_index, None, v, improved=True, add_self_loops=True,
+                             dtype=torch.float64)  # without weights, PyG's loops weigh 1
+    unweighted = dense(edges3, norm3, v)
     cases = {  # model: (NTK, NNGP)
         One(GCNConv(F, 2), True): (m @ gram @ m.T + 1, 2 / (F + 2) * m @ gram @ m.T),
+        One(GCNConv(F, 2, improved=True), True): (improved @ gram @ improved.T + 1,
+                                            2 / (F + 2) * improved @ gram @ improved.T),
+        One(GCNConv(F, 2, improved=True)): (unweighted @ gram @ unweighted.T + 1,
+                                            2 / (F + 2) * unweighted @ gram @ unweighted.T),
+        One(GCNConv(F, 2, normalize=False, bias=False), True): (
+            weighted @ gram @ weighted.T, 2 / (F + 2) * weighted @ gram @ weighted.T),
+        Twice(): (2 * (m @ gram @ m.T + 1), 4 / (F + 2) * m @ gram @ m.T),
         One(SAGEConv(F, 2)): (mean @ gram @ mean.T + 1 + gram,
                               (mean @ gram @ mean.T + 1 + gram) / (3 * F)),
         One(GraphConv(F, 2), True): (weighted @ gram @ weighted.T + 1 + gram,
@@ -216,5 +239,27 @@ def test_refusals_name_the_layer_and_what_works():
         ntbridge.ntk(GCN().double(), data().x)
     with pytest.raises(errors.InputError, match=r"x1 is a PyTorch Geometric Data, but"):
         ntbridge.ntk(nn.Sequential(nn.Linear(F, 2)).double(), data())
+    class Correlated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GCNConv(F, 4)
+
+        def forward(self, x, edge_index):
+            h = self.conv(x, edge_index)
+            return h + h.relu()
+
+    with pytest.raises(errors.UnsupportedLayerError, match=r"correlated"):
+        ntbridge.ntk(Correlated().double(), data())
+
+    class WholeData(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GCNConv(F, 4)
+
+        def forward(self, data):
+            return self.conv(data.x, data.edge_index)
+
+    with pytest.raises(errors.UnsupportedLayerError, match=r"forward takes the Data's tensors"):
+        ntbridge.ntk(WholeData().double(), data())
     with pytest.raises(errors.InputError, match=r"x2 is Tensor"):
         ntbridge.ntk(GCN().double(), data(), data().x)

@@ -36,6 +36,14 @@ def pool_functions() -> tuple:
     return () if glob is None else tuple(getattr(glob, n) for n in names if hasattr(glob, n))
 
 
+def ends_affine(module: nn.Module) -> bool:
+    """Whether ``module`` is a PyG layer whose output is fresh zero-mean linear maps of its input
+    (``GCNConv``, ``GraphConv``, ``SAGEConv``; not ``GINConv``, which ends in its ``nn``)."""
+    names = {f"{c.__module__}.{c.__qualname__}" for c in type(module).__mro__}
+    return bool(names & {CONV + "gcn_conv.GCNConv", CONV + "graph_conv.GraphConv",
+                         CONV + "sage_conv.SAGEConv"})
+
+
 class GeometricFeatures(nn.Module):
     """``x (V, F)`` of a PyG model's ``forward(x, edge_index, ...)``, read from the packed graphs
     ``(1, V, 3V + F)`` (``stax.message_passing``)."""
@@ -101,8 +109,9 @@ def _gcn(module, ctx: Context) -> stax.Layer:
     if module.aggr != "add":
         raise UnsupportedLayerError(f"GCNConv(aggr={module.aggr!r}): only aggr='add' has a rule")
     dense, _ = _linear(module.lin, ctx, module.bias, glorot=True)
-    options = {"weighted": _weighted(ctx), "self_loops": bool(module.add_self_loops),
-               "fill": 2.0 if module.improved else 1.0}
+    weighted = _weighted(ctx)  # PyG's improved=True fills self-loops with 2 given edge weights
+    options = {"weighted": weighted, "self_loops": bool(module.add_self_loops),
+               "fill": 2.0 if module.improved and weighted else 1.0}
     kind = "gcn" if module.normalize else "add"
     names = _dense_names("lin.", "bias" if module.bias is not None else None)
     return stax.MessagePassing(kind, [Branch(dense, names, True)], options, "GCNConv")

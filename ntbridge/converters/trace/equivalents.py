@@ -60,6 +60,9 @@ def _permute(x, *dims) -> nn.Module:
 
 def _attribute(x, name) -> nn.Module:
     """``x.mT`` of ``(N, C, L)``: ``x.transpose(1, 2)``."""
+    if name in ("x", "edge_index", "edge_weight", "batch"):
+        raise UnsupportedLayerError(f"x.{name}: a PyTorch Geometric model's forward takes the "
+                                    f"Data's tensors, forward(x, edge_index, ...), not the Data.")
     if name != "mT":
         raise UnsupportedLayerError(f"x.{name}: of a tensor's attributes only x.mT (x.transpose(1, "
                                     f"2) of (N, C, L) <-> (N, L, C)) is supported.")
