@@ -22,6 +22,9 @@ Where the libraries' conventions differ, the case states the translation:
   downsampling: NT's default antialiases when downsampling, as torch's ``antialias=True`` does,
   which ntbridge refuses), its ``"nearest"`` is torch's ``"nearest-exact"``, and torch's
   ``"nearest"`` too for integer upscaling factors. Cubic resizing has no NT kernel rule;
+* graphs: nodes-first inputs ``(N, V, C)`` are NT's own layout (its ``Aggregate`` default), given
+  as they are; a PyTorch Geometric ``GCNConv`` is NT's ``Aggregate`` with PyG's ``gcn_norm`` as
+  the pattern, then ``Dense`` (``M (h W) + b = (M h) W + b``), each ``Data`` one example;
 * ``x ** k`` is NT's ``Monomial(k)``, ``(x + 1) ** 2`` its ``Polynomial([1, 2, 1])``,
   ``exp(-x ** 2)`` its ``Gaussian(1, -1)``, ``sqrt(2) sin(sqrt(2 g) x + pi / 4)`` its ``Rbf(g)``.
 """
@@ -89,6 +92,7 @@ class Case:
     graph: np.ndarray | None = None  # an adjacency: the model's buffer, NT's pattern
     graphs: bool = False  # each example's own adjacency, given to forward(x, adjacency)
     scale: float = 1.0  # of the inputs (exp of exp grows fast)
+    layout: str = "channels first"  # or "nodes first" (NT's own layout), or "pyg" (Data inputs)
 
 
 class Branches(nn.Module):
@@ -152,6 +156,46 @@ class PerExampleGraph(nn.Module):
         h = torch.relu(self.n1(x)) @ adjacency
         h = torch.relu(self.n2(h)) @ adjacency
         return self.head(h.mean(-1))
+
+
+class NodesFirstGraph(nn.Module):
+    """:class:`Graph` nodes first, ``x (N, V, 3)``: ``adjacency.T @ h``, the same aggregation."""
+
+    def __init__(self, adjacency: np.ndarray):
+        super().__init__()
+        self.register_buffer("adjacency", torch.as_tensor(adjacency))
+        self.n1, self.n2, self.head = nn.Linear(3, 8), nn.Linear(8, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = self.adjacency.T @ torch.relu(self.n1(x))
+        h = self.adjacency.T @ torch.relu(self.n2(h))
+        return self.head(h.mean(1))
+
+
+class NodesFirstPerExample(NodesFirstGraph):
+    """:class:`NodesFirstGraph` with each example's own graph: ``torch.bmm(adjacency.mT, h)``."""
+
+    def __init__(self):
+        super().__init__(np.eye(7))
+
+    def forward(self, x, adjacency):
+        h = torch.bmm(adjacency.mT, torch.relu(self.n1(x)))
+        h = torch.bmm(adjacency.mT, torch.relu(self.n2(h)))
+        return self.head(h.mean(1))
+
+
+class PygGCN(nn.Module):
+    """PyTorch Geometric's 2-layer GCN, ``(x (V, 3), edge_index) -> (V, 1)``: NT's ``Aggregate``
+    with PyG's normalised adjacency as the pattern, then ``Dense`` (``M (h W) + b = (M h) W +
+    b``)."""
+
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import GCNConv
+        self.c1, self.c2 = GCNConv(3, 8), GCNConv(8, 1)
+
+    def forward(self, x, edge_index):
+        return self.c2(self.c1(x, edge_index).relu(), edge_index)
 
 
 relu, flat = nn.ReLU, nn.Flatten
@@ -283,6 +327,16 @@ def linear_map_cases() -> list[Case]:
              PerExampleGraph,
              "serial(C(8, (1,)), Relu(), Aggregate(), C(8, (1,)), Relu(), Aggregate(), "
              "GlobalAvgPool(), D(1))", (3, 7), graphs=True),
+        Case("Aggregate A.T @ h, nodes first (N, V, C), mean over nodes",
+             lambda: NodesFirstGraph(_adjacency(7)),
+             "serial(D(8), Relu(), Aggregate(), D(8), Relu(), Aggregate(), "
+             "GlobalAvgPool(), D(1))", (7, 3), graph=_adjacency(7), layout="nodes first"),
+        Case("Aggregate torch.bmm(A.mT, h), nodes first, own graphs",
+             NodesFirstPerExample,
+             "serial(D(8), Relu(), Aggregate(), D(8), Relu(), Aggregate(), "
+             "GlobalAvgPool(), D(1))", (7, 3), graphs=True, layout="nodes first"),
+        Case("PyG GCNConv twice, Data x1 against another graph x2", PygGCN,
+             "serial(Aggregate(), D(8), Relu(), Aggregate(), D(1))", (7, 3), layout="pyg"),
     ]
 
 
@@ -332,9 +386,23 @@ def _stds(model: nn.Module) -> dict[str, float]:
     return stds
 
 
-def channels_last(x: np.ndarray) -> np.ndarray:
-    """``(N, C, *S) -> (N, *S, C)``: NT's layout."""
-    return np.moveaxis(x, 1, -1) if x.ndim > 2 else x
+def channels_last(x: np.ndarray, case: Case) -> np.ndarray:
+    """``(N, C, *S) -> (N, *S, C)``: NT's layout (nodes-first inputs are in it already)."""
+    return np.moveaxis(x, 1, -1) if x.ndim > 2 and case.layout == "channels first" else x
+
+
+def pyg_graph(x: np.ndarray, rng: np.random.Generator):
+    """``(Data, pattern (1, V, V))``: a random undirected graph on the nodes of ``x (1, V, F)``
+    and PyG's own GCN normalisation of it as a dense matrix (NT's pattern)."""
+    from torch_geometric.data import Data
+    from torch_geometric.nn.conv.gcn_conv import gcn_norm
+    v = x.shape[1]
+    upper = np.triu(rng.random((v, v)) < 0.4, 1)
+    edges = torch.as_tensor(np.stack(np.nonzero(upper | upper.T)))
+    index, weight = gcn_norm(edges, None, v, add_self_loops=True, dtype=torch.float64)
+    pattern = torch.zeros(v, v, dtype=torch.float64).index_put_((index[1], index[0]), weight,
+                                                                accumulate=True)
+    return Data(x=torch.from_numpy(x[0]), edge_index=edges), pattern.numpy()[None]
 
 
 def _graphs(n: int, v: int, rng: np.random.Generator) -> np.ndarray:
@@ -348,11 +416,13 @@ def ours(case: Case, x1, x2) -> dict[str, np.ndarray]:
     or pairs of arrays ``(x, adjacency)``)."""
     torch.manual_seed(0)
     model = case.torch().double().eval()
-    tensors = lambda x: tuple(map(torch.from_numpy, x)) if isinstance(x, tuple) else torch.from_numpy(x)
+    tensors = lambda x: (tuple(map(torch.from_numpy, x)) if isinstance(x, tuple)
+                         else torch.from_numpy(x) if isinstance(x, np.ndarray) else x)
+    stds = W_STD if case.layout == "pyg" else _stds(model)
     out = {}
     for p in ("ntk", "standard"):
         k = ntbridge.kernel(model, tensors(x1), tensors(x2),
-                            parameterization=p, W_std=_stds(model), b_std=B_STD)
+                            parameterization=p, W_std=stds, b_std=B_STD)
         out[f"{p}/nngp"], out[f"{p}/ntk"] = k.nngp.numpy(), k.ntk.numpy()
     return out
 
@@ -384,14 +454,20 @@ def main() -> None:
     rng = np.random.default_rng(0)
     data, inputs = {}, {}
     for c in selected:
-        x1, x2 = (c.scale * rng.standard_normal((n, *c.shape)) for n in (N1, N2))
+        sizes = (1, 1) if c.layout == "pyg" else (N1, N2)  # a Data is one graph
+        x1, x2 = (c.scale * rng.standard_normal((n, *c.shape)) for n in sizes)
         data[c.name] = x1, x2
-        inputs[c.name + "/x1"], inputs[c.name + "/x2"] = channels_last(x1), channels_last(x2)
+        inputs[c.name + "/x1"], inputs[c.name + "/x2"] = (channels_last(x, c) for x in (x1, x2))
+        if c.layout == "pyg":
+            (d1, p1), (d2, p2) = pyg_graph(x1, rng), pyg_graph(x2, rng)
+            inputs[c.name + "/pattern1"], inputs[c.name + "/pattern2"] = p1, p2
+            data[c.name] = d1, d2
         if c.graph is not None:
             inputs[c.name + "/pattern1"] = np.broadcast_to(c.graph, (N1, *c.graph.shape))
             inputs[c.name + "/pattern2"] = np.broadcast_to(c.graph, (N2, *c.graph.shape))
         if c.graphs:
-            p1, p2 = (_graphs(n, c.shape[-1], rng) for n in (N1, N2))
+            nodes = c.shape[0] if c.layout == "nodes first" else c.shape[-1]
+            p1, p2 = (_graphs(n, nodes, rng) for n in (N1, N2))
             inputs[c.name + "/pattern1"], inputs[c.name + "/pattern2"] = p1, p2
             data[c.name] = (x1, p1), (x2, p2)
     nt, errors = theirs(args.nt_python, selected, inputs)
@@ -405,7 +481,7 @@ def main() -> None:
         except Exception as e:  # a refusal: reported, the other cases go on
             print(f"{c.name:<58} ntbridge: {type(e).__name__}: {e}")
             continue
-        diffs = [relative(mine[key], nt[f"{c.name}/{key}"])
+        diffs = [relative(mine[key].reshape(nt[f"{c.name}/{key}"].shape), nt[f"{c.name}/{key}"])
                  for key in ("ntk/nngp", "ntk/ntk", "standard/nngp", "standard/ntk")]
         print(f"{c.name:<58} {diffs[0]:>16.1e} {diffs[1]:>9.1e} {diffs[2]:>16.1e} {diffs[3]:>9.1e}")
 

@@ -10,8 +10,9 @@ what to compute, and calls :func:`run`:
    ``torch.export`` graph of a model the layer registry does not cover
    (:mod:`ntbridge.converters.translated`); integer inputs (token ids) go to empirical
    kernels, and to analytic ones of models reading them with an ``nn.Embedding``; a graph model's
-   inputs, pairs ``(x, adjacency)``, are packed into one tensor
-   (:func:`ntbridge.converters.graph_ops.pack`) that the converted model reads;
+   inputs, pairs ``(x, adjacency)`` or PyTorch Geometric's ``Data``, are packed into one tensor
+   (:func:`ntbridge.converters.packed_inputs`) that the converted model reads (of ``Data``, x1 and
+   x2 as one graph, whose kernel's block of x1 against x2 :func:`run` and :func:`sample` return);
 2. :func:`execute`: the builder of the spec's type (:data:`BUILDERS`: :mod:`ntbridge.analytic`,
    :mod:`ntbridge.empirical`) makes the :class:`~ntbridge.tiling.Task`; :func:`ntbridge.tiling.compute`
    plans its tiles from XLA's memory analysis of the one program it compiles (or finds in
@@ -40,8 +41,8 @@ import torch
 from torch import nn
 
 from . import analytic, autograd, programs
-from .converters import (Graph, Translation, batch_statistics, check_ids, convert,
-                         empirical_graph, pack)
+from .converters import (Graph, Selection, Translation, batch_statistics, check_ids,
+                         check_input_kind, convert, empirical_graph, packed_inputs)
 from .devices import platform_of
 from .dlpack import (abstract, all_finite, check_device, check_has_data, check_module,
                      model_dtype, precision, to_jax, torch_kernel_dtype)
@@ -93,6 +94,7 @@ class Prepared(NamedTuple):
     x1: torch.Tensor
     x2: torch.Tensor | None
     graph: Graph | Translation
+    selection: Selection | None = None  # PyG inputs: where x1 and x2 lie in the packed union
 
 
 class Outcome(NamedTuple):
@@ -181,46 +183,26 @@ def _precision(request: Request, x1: torch.Tensor):
     return precision(x1.dtype if x1.is_floating_point() else model_dtype(request.model))
 
 
-def _packed(request: Request) -> tuple[Request, bool]:
-    """The request with graph inputs packed (module doc), and whether they were."""
-    is_pair = lambda x: (isinstance(x, (tuple, list))
-                         and any(isinstance(t, torch.Tensor) for t in x))
-    if not (is_pair(request.x1) or is_pair(request.x2)):  # other lists: refused as inputs
-        return request, False
-    packed = [None if x is None else pack(x, name) for name, x in (("x1", request.x1),
-                                                                    ("x2", request.x2))]
-    return dataclasses.replace(request, x1=packed[0], x2=packed[1]), True
-
-
-def check_pair_inputs(graph: Graph | Translation, pairs: bool) -> None:
-    """InputError unless inputs are pairs ``(x, adjacency)`` exactly when the model takes them."""
-    takes = isinstance(graph, Graph) and graph.pair_inputs
-    if takes and not pairs:
-        raise InputError("the model's forward takes node features and each example's graph, "
-                         "forward(x, adjacency): pass x1=(x, adjacency) (and x2 likewise).")
-    if pairs and not takes:
-        raise InputError("x1 is a pair (x, adjacency), but the model's forward takes one tensor; "
-                         "pairs are for graph models of forward(x, adjacency).")
-
-
 def prepare(request: Request) -> Prepared:
     """The request's inputs validated and its model converted (steps 1 of the module doc)."""
-    request, pairs = _packed(request)
+    x1, x2, pairs, selection = packed_inputs(request.x1, request.x2,
+                                             lambda: model_graph(request, None, True).nodes_first)
+    request = dataclasses.replace(request, x1=x1, x2=x2)
     x1, x2 = validate(request.x1, request.x2, indices=True)
     with _precision(request, x1):
-        graph = model_graph(request, x1, pairs)
+        graph = model_graph(request, x1, pairs or selection is not None)
         check_has_data(graph.tensors)
-        check_pair_inputs(graph, pairs)
+        check_input_kind(graph, pairs, selection)
         check_fits(graph, x1, x2)
         if not x1.is_floating_point():
             check_ids(graph, x1, x2, request.spec.empirical)
-    return Prepared(request, x1, x2, graph)
+    return Prepared(request, x1, x2, graph, selection)
 
 
 def execute(prepared: Prepared, spec: Spec | None = None) -> Outcome:
     """The kernel of ``spec`` (default: the request's; the same kind of spec, e.g. another range of
     Monte-Carlo samples) on the prepared request (step 2 of the module doc)."""
-    request, x1, x2, graph = prepared
+    request, x1, x2, graph, _ = prepared
     spec = request.spec if spec is None else spec
     batching = dataclasses.replace(request.batching, platform=platform_of(x1))
     with _precision(request, x1):
@@ -231,8 +213,13 @@ def execute(prepared: Prepared, spec: Spec | None = None) -> Outcome:
 
 
 def run(request: Request) -> Outcome:
-    """The request's kernel: :func:`execute` of :func:`prepare`."""
-    return execute(prepare(request))
+    """The request's kernel: :func:`execute` of :func:`prepare` (of PyG inputs, the block of x1
+    against x2)."""
+    prepared = prepare(request)
+    outcome = execute(prepared)
+    if prepared.selection is None:
+        return outcome
+    return outcome._replace(result=prepared.selection.block(outcome.result, prepared.graph.pooled))
 
 
 def expectation_error(request: Request) -> float:
@@ -240,7 +227,7 @@ def expectation_error(request: Request) -> float:
     their rules are numerical expectations (``ntbridge.expectation_error``): the prepared request
     evaluated once per replicate of the rule, in one piece (no tiling), by one program per
     model and inputs' shapes (an entry of the program cache)."""
-    _, x1, x2, graph = prepared = prepare(request)
+    _, x1, x2, graph, _ = prepared = prepare(request)
     names = (request.spec.get,) if isinstance(request.spec.get, str) else tuple(request.spec.get)
     with _precision(prepared.request, x1):
         a1, a2 = (None if x is None else to_jax(x) for x in (x1, x2))
@@ -273,7 +260,9 @@ def sample(request: Request, n_samples: int | Sequence[int]) -> Iterator[Estimat
                              "has no converter, so monte_carlo draws its initialisations with its "
                              "modules' own reset_parameters(): drop init, W_std and b_std.")
         draw = _reset_draws(prepared, spec)
-    return running(counts, draw)
+    if prepared.selection is None:
+        return running(counts, draw)
+    return (prepared.selection.block(e, prepared.graph.pooled) for e in running(counts, draw))
 
 
 def _reset_draws(prepared: Prepared, spec: MonteCarlo):

@@ -13,11 +13,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # What a block's text shows -> the module it then needs (an optional extra).
-EXTRAS = {"gpytorch": "gpytorch", "botorch": "botorch", ".plot(": "matplotlib"}
+EXTRAS = {"gpytorch": "gpytorch", "botorch": "botorch", ".plot(": "matplotlib",
+          "torch_geometric": "torch_geometric"}
 # Blocks of more than 2 s (the first in a process pays for importing JAX), by their rank on the
 # page (ids name the line, which moves whenever text above the block changes).
 SLOW = {"README.md#1", "README.md#2", "transformers.md#1", "empirical.md#2", "dynamics.md#1",
-        "gp.md#1"}
+        "gp.md#1", "graphs.md#2"}
 
 
 def blocks():

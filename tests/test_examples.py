@@ -20,11 +20,12 @@ EXPECTED = {
     "bn_resnet.py": "BN-ResNet in eval mode, running statistics",
     "graph_network.py": "each example's own graph, forward(x, adjacency): test accuracy",
     "gp_fit.py": "learn=('weight_std', 'bias_std'): weight_std",
+    "node_classification.py": "GCN trained (width 64, Adam): accuracy",
 }
 WRITES = {"width_analysis.py": {"width_analysis.png", "width_analysis.csv"},  # into --out
           "kernel_distillation.py": {"kernel_distillation.png"}}
 NEEDS_SKLEARN = {"kernel_regression.py", "kernel_distillation.py", "training_dynamics.py", "unet.py",
-                 "bn_resnet.py"}
+                 "bn_resnet.py", "node_classification.py"}
 
 
 @pytest.mark.slow
@@ -34,6 +35,8 @@ def test_example_runs(name, tmp_path):
         pytest.importorskip("sklearn", reason="the digits data set ships with scikit-learn")
     if name == "gp_fit.py":
         pytest.importorskip("botorch", reason="the example fits BoTorch's SingleTaskGP")
+    if name == "node_classification.py":
+        pytest.importorskip("torch_geometric", reason="the example's GCN is PyTorch Geometric's")
     env = {**os.environ, "NTBRIDGE_EXAMPLE_QUICK": "1", "PYTHONPATH": str(ROOT)}
     cwd, out_dir = tmp_path / "cwd", tmp_path / "out"
     cwd.mkdir()

@@ -128,9 +128,9 @@ def test_refusals_name_the_call_and_the_alternative():
     with pytest.raises(errors.ConversionError, match=r"computes with forward's second input 'adj'.*"
                                                      r"normalise it before"):
         ntbridge.convert(SecondInput())
-    with pytest.raises(errors.UnsupportedLayerError, match=r"matmul in Aggregated\.forward: only "
-                                                           r"h @ M .*write h @ self\.adjacency\.T"):
-        ntbridge.convert(Aggregated(lambda h, m: m.adj @ h).double())
+    with pytest.raises(errors.ShapeError, match=r"adjacency @ h aggregates node features \(N, 6, "
+                                                r"C\), nodes first, got \(3, 4, 6\)"):
+        ntbridge.nngp(Aggregated(lambda h, m: m.adj @ h).double(), _x())
     model = Aggregated(lambda h, m: h @ m.adj.T).double()
     model.adj = nn.Parameter(adjacency())
     with pytest.raises(errors.UnsupportedLayerError, match="uses the tensor 'adj' directly"):
@@ -279,8 +279,9 @@ def test_graph_inputs_refusals_say_what_to_pass():
         ntbridge.ntk(model, (x, a[:, :3]))
     with pytest.raises(errors.InputError, match="the model's forward takes one tensor"):
         ntbridge.ntk(nn.Sequential(nn.Flatten(), nn.Linear(8, 1)).double(), (x, a))
-    with pytest.raises(errors.UnsupportedLayerError, match=r"not adjacency @ h"):
-        ntbridge.convert(PerExample(lambda h, a: a @ h))
+    with pytest.raises(errors.UnsupportedLayerError, match=r"write every aggregation in one "
+                                                           r"layout"):
+        ntbridge.convert(PerExample(lambda h, a: a @ h @ a.mT))
     with pytest.raises(errors.ConversionError, match=r"normalise it before passing it"):
         ntbridge.convert(PerExample(lambda h, a: h @ (a / a.sum(-1, keepdim=True))))
 

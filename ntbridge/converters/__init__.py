@@ -11,7 +11,7 @@ This package is the converters' one interface to the rest of ntbridge: :func:`co
 :class:`Graph`, and what the request pipeline asks of a model and its inputs: the model an
 empirical kernel runs (:func:`empirical_graph`: a :class:`Graph`, or a :class:`Translation`),
 the check of token ids (:func:`check_ids`), the packing of paired inputs ``(x, adjacency)``
-(:func:`pack`) and the modules normalising with batch statistics (:func:`batch_statistics`).
+(:func:`pack`) and of PyTorch Geometric's ``Data`` (:func:`packed_inputs`, :func:`check_input_kind`) and the modules normalising with batch statistics (:func:`batch_statistics`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from .conversion import convert
 from .embedding import check_ids
 from .export.translation import Translation, empirical_graph
 from .families import batch_statistics
+from .geometric_inputs import Selection
+from .model_inputs import check_input_kind, packed_inputs
 from .graph import Graph, Node
 from .registry import register
 
-__all__ = ["Graph", "Node", "Translation", "batch_statistics", "check_ids", "convert",
-           "empirical_graph", "pack", "register"]
+__all__ = ["Graph", "Node", "Selection", "Translation", "batch_statistics", "check_ids",
+           "check_input_kind", "convert", "empirical_graph", "pack", "packed_inputs", "register"]

@@ -40,63 +40,80 @@ from .registry import Context, register
 
 class Aggregate(nn.Module):
     """``h @ adjacency.T``: ``y[..., u] = sum_v adjacency[u, v] h[..., v]`` (``adjacency (U, V)``,
-    a constant of the model, kept as a float64 copy)."""
+    a constant of the model, kept as a float64 copy); ``nodes_first``: ``adjacency @ h`` of
+    ``h (N, V, C)``, nodes first (Kipf's layout)."""
 
-    def __init__(self, adjacency: torch.Tensor):
+    def __init__(self, adjacency: torch.Tensor, nodes_first: bool = False):
         super().__init__()
         dense = adjacency.detach().to_dense() if adjacency.is_sparse else adjacency.detach()
-        self.matrix = dense.cpu().double().numpy()
+        self.matrix, self.nodes_first = dense.cpu().double().numpy(), nodes_first
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ torch.as_tensor(self.matrix.T, dtype=h.dtype, device=h.device)
+        a = torch.as_tensor(self.matrix, dtype=h.dtype, device=h.device)
+        return a @ h if self.nodes_first else h @ a.T
 
     def extra_repr(self) -> str:  # the kernel depends on every entry: the signature has a digest
         digest = hashlib.sha256(np.ascontiguousarray(self.matrix).tobytes()).hexdigest()[:16]
-        return f"adjacency={self.matrix.shape}, sha256={digest}"
+        return f"adjacency={self.matrix.shape}, sha256={digest}, nodes_first={self.nodes_first}"
 
 
 @register(Aggregate)
 def _aggregate(module: Aggregate, ctx: Context) -> stax.Layer:
-    return stax.Aggregate(module.matrix, name="graph aggregation")
+    rule = stax.NodesFirstAggregate if module.nodes_first else stax.Aggregate
+    return rule(module.matrix, name="graph aggregation")
 
 
 class NodeFeatures(nn.Module):
     """``x`` of ``forward(x, adjacency)``: the node features ``(N, C, V)`` of the packed
-    inputs ``(N, V + C, V)`` (:func:`pack`)."""
+    inputs ``(N, V + C, V)`` (:func:`pack`), or ``(N, V, C)`` when the model reads them
+    ``nodes_first`` (``adjacency @ h``)."""
+
+    def __init__(self, nodes_first: bool = False):
+        super().__init__()
+        self.nodes_first = nodes_first
 
     def forward(self, packed: torch.Tensor) -> torch.Tensor:
-        return unpacked(packed)[1]
+        x = unpacked(packed)[1]
+        return x.transpose(1, 2) if self.nodes_first else x
+
+    def extra_repr(self) -> str:
+        return f"nodes_first={self.nodes_first}"
 
 
 class InputAggregate(nn.Module):
     """``h @ adjacency.transpose(1, 2)`` with each example's adjacency from the packed
-    inputs (``transposed``: ``h @ adjacency``)."""
+    inputs (``transposed``: ``h @ adjacency``); ``nodes_first``: ``adjacency @ h``
+    (``transposed``: ``adjacency.transpose(1, 2) @ h``)."""
 
-    def __init__(self, transposed: bool = False):
+    def __init__(self, transposed: bool = False, nodes_first: bool = False):
         super().__init__()
-        self.transposed = transposed
+        self.transposed, self.nodes_first = transposed, nodes_first
 
     def forward(self, h: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         a = unpacked(packed)[0]
+        if self.nodes_first:
+            return (a.transpose(1, 2) if self.transposed else a) @ h
         return h @ (a if self.transposed else a.transpose(1, 2))
 
     def extra_repr(self) -> str:
-        return f"transposed={self.transposed}"
+        return f"transposed={self.transposed}, nodes_first={self.nodes_first}"
 
 
 @register(NodeFeatures)
 def _node_features(module: NodeFeatures, ctx: Context) -> stax.Layer:
-    return stax.NodeFeatures()
+    return stax.NodeFeatures(module.nodes_first)
 
 
 @register(InputAggregate)
 def _input_aggregate(module: InputAggregate, ctx: Context) -> stax.Layer:
-    return stax.InputAggregate(module.transposed, name="graph aggregation")
+    return stax.InputAggregate(module.transposed, name="graph aggregation",
+                               nodes_first=module.nodes_first)
 
 
-def pack(inputs, name: str) -> torch.Tensor:
+def pack(inputs, name: str, nodes_first: bool = False) -> torch.Tensor:
     """A model's paired inputs ``(x (N, C, V), adjacency (N, V, V))`` as one tensor ``(N, V + C, V)``
-    (adjacency first, in x's dtype; a sparse adjacency made dense), differentiable in both.
+    (adjacency first, in x's dtype; a sparse adjacency made dense), differentiable in both; x
+    ``(N, V, C)`` for a model reading it ``nodes_first``.
 
     Example:
         >>> pack((torch.randn(8, 3, 5), torch.eye(5).expand(8, 5, 5)), "x1").shape
@@ -108,9 +125,13 @@ def pack(inputs, name: str) -> torch.Tensor:
                          f"of tensors, {name}=(x, adjacency), for x1 and x2 alike.")
     x, a = inputs
     a = a.to_dense() if a.is_sparse else a
+    if x.ndim == 3 and nodes_first:
+        x = x.transpose(1, 2)
     if x.ndim != 3 or a.ndim != 3 or a.shape != (x.shape[0], x.shape[2], x.shape[2]):
-        raise ShapeError(f"{name}=(x, adjacency) needs node features x (N, C, V) and adjacencies "
-                         f"(N, V, V), got x {tuple(x.shape)} and adjacency {tuple(a.shape)}.")
+        form = "(N, V, C), nodes first as the model reads them," if nodes_first else "(N, C, V)"
+        shape = tuple(x.transpose(1, 2).shape if nodes_first and x.ndim == 3 else x.shape)
+        raise ShapeError(f"{name}=(x, adjacency) needs node features x {form} and adjacencies "
+                         f"(N, V, V), got x {shape} and adjacency {tuple(a.shape)}.")
     if x.device != a.device:
         raise InputError(f"{name}: x is on {x.device} and its adjacency on {a.device}; move them "
                          f"to one device.")

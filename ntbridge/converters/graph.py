@@ -21,6 +21,7 @@ from ..stax.covariances import evaluate
 from ..stax.kernel import swap_perm
 from ..tiling.arrays import symmetrize
 from .aggregation import NodeFeatures
+from .geometric import GeometricFeatures, GlobalPool
 from .registry import Context, Options, as_float, find_converter, init_mismatch, supported_types
 
 Params = dict[str, jax.Array]
@@ -220,6 +221,23 @@ class Graph:
         """Whether ``forward`` takes node features and each example's graph, ``(x, adjacency)``:
         the network then reads them packed into one array (:func:`~.aggregation.pack`)."""
         return any(isinstance(n.module, NodeFeatures) for n in self.layers)
+
+    @property
+    def nodes_first(self) -> bool:
+        """Whether ``forward(x, adjacency)`` reads ``x (N, V, C)``, nodes first (``adjacency @ h``)."""
+        return any(isinstance(n.module, NodeFeatures) and n.module.nodes_first
+                   for n in self.layers)
+
+    @property
+    def geometric_inputs(self) -> bool:
+        """Whether ``forward`` is a PyTorch Geometric model's, ``forward(x, edge_index, ...)``,
+        reading ``Data`` packed into one array (:mod:`.geometric_inputs`)."""
+        return any(isinstance(n.module, GeometricFeatures) for n in self.layers)
+
+    @property
+    def pooled(self) -> bool:
+        """Whether the model pools each graph (``global_mean_pool``): one output row per graph."""
+        return any(isinstance(n.module, GlobalPool) for n in self.layers)
 
     @property
     def parameter_names(self) -> frozenset[str]:

@@ -16,6 +16,7 @@ from ..stax import PARAMETERIZATIONS, Layer, Rule
 
 Converter = Callable[[nn.Module, "Context"], Layer]
 CONVERTERS: dict[type, Converter] = {}
+CONVERTERS_BY_NAME: dict[str, Converter] = {}  # "package.module.Class" -> converter
 INITS = ("torch", "infer")
 ATTENTIONS = ("softmax", "linear")  # torch's 1/sqrt(d) attention, or the tied 1/d variant
 SHARED_WEIGHTS = ("auto", "independent")  # layers holding one set of weights: tied, or not
@@ -41,11 +42,26 @@ def register(module_type: type) -> Callable[[Converter], Converter]:
     return decorator
 
 
+def register_by_name(qualified_name: str) -> Callable[[Converter], Converter]:
+    """Register ``fn(module, ctx) -> Layer`` as the converter of the module type of
+    ``qualified_name`` (``"package.module.Class"``) and its subclasses, without importing it: the
+    converters of a library's modules (PyTorch Geometric's) load with ntbridge, the library when
+    its user imports it."""
+
+    def decorator(fn: Converter) -> Converter:
+        CONVERTERS_BY_NAME[qualified_name] = fn
+        return fn
+
+    return decorator
+
+
 def find_converter(module: nn.Module) -> Converter | None:
     """The converter registered for ``type(module)`` or its nearest registered base class."""
     for cls in type(module).__mro__:
         if cls in CONVERTERS:
             return CONVERTERS[cls]
+        if (name := f"{cls.__module__}.{cls.__qualname__}") in CONVERTERS_BY_NAME:
+            return CONVERTERS_BY_NAME[name]
     return None
 
 

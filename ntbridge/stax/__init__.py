@@ -12,7 +12,8 @@ from .combinators import (INPUT, FanInConcat, FanInSum, FanOut, Pick, Scale, dag
                           serial)
 from .conv import Conv
 from .dropout import Dropout
-from .aggregation import Aggregate, InputAggregate, NodeFeatures
+from .aggregation import Aggregate, InputAggregate, NodeFeatures, NodesFirstAggregate
+from .message_passing import GeometricFeatures, MessagePassing
 from .indexing import FanInStack, Index, Reduce, Unsqueeze
 from .embedding import Embedding, Positions, Token
 from .kernel import Kernel, features_last_kernel, input_kernel, sequence_kernel
@@ -31,7 +32,8 @@ __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
            "AvgPool", "BatchNorm", "ChannelMoments", "Conv", "ConvTranspose", "Cos",
            "Dense", "Dropout", "Embedding", "Erf", "Exp", "FanInConcat", "FanInProd",
            "FanInStack", "FanInSum", "FanOut", "Flatten", "Gelu", "INPUT",
-           "Identity", "Index", "InputAggregate", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
+           "Identity", "Index", "InputAggregate", "NodesFirstAggregate", "GeometricFeatures", "MessagePassing",
+           "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
            "NodeFeatures", "Numerical", "Outer", "PARAMETERIZATIONS", "Pick", "Piece", "Pieces", "PixelShuffle",
            "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "Rule",
            "Scale", "SelfAttention", "Sign", "Sin", "Stds", "SwapLast", "Token", "TokenMean",

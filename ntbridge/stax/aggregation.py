@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
-from .kernel import Kernel, input_kernel
+from .conv import contract
+from .kernel import Kernel, input_kernel, map_arrays, sequence_kernel
 from .layers import Layer
 from .pooling import separable_linear
 
@@ -49,6 +50,58 @@ def Aggregate(adjacency: np.ndarray, name: str = "Aggregate") -> Layer:
         return [None] * (len(spatial) - 1) + [adjacency]
 
     return separable_linear(None, matrices, name)
+
+
+def NodesFirstAggregate(adjacency: np.ndarray, name: str = "NodesFirstAggregate") -> Layer:
+    """``(N, V, C) -> (N, U, C)``, nodes first (Kipf's layout, features last as ``nn.Linear``
+    reads them): each output node the ``adjacency (U, V)``-weighted sum of the input nodes (torch:
+    ``adjacency @ h``). The kernel's arrays are those of :func:`Aggregate` (every pair of nodes,
+    as every pair of tokens): ``A K A^T``, exact.
+
+    Example:
+        >>> NodesFirstAggregate(np.eye(5)).init_fn(None, (8, 5, 16))[0]
+        (8, 5, 16)
+    """
+    adjacency = np.asarray(adjacency, np.float64)
+    if adjacency.ndim != 2:
+        raise ShapeError(f"{name}: the adjacency must be a matrix (U, V), got shape "
+                         f"{adjacency.shape}")
+
+    def init_fn(key, shape):
+        if len(shape) != 3 or shape[1] != adjacency.shape[1]:
+            raise ShapeError(f"{name}: adjacency @ h aggregates node features (N, "
+                             f"{adjacency.shape[1]}, C), nodes first, got {tuple(shape)}")
+        return (shape[0], adjacency.shape[0], shape[2]), {}
+
+    def apply_fn(params, h):
+        return jnp.einsum("uv,nvc->nuc", jnp.asarray(adjacency, h.dtype), h,
+                          precision=jax.lax.Precision.HIGHEST)
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        if not k.tokens or k.diagonal_spatial:
+            raise UnsupportedLayerError(
+                f"{name}: adjacency @ h aggregates node features (N, V, C), nodes first, read "
+                f"features last (after an nn.Linear, or as the model's input); its input here is "
+                f"read channels first {k.shape1}, where nodes lie along the last axis: write "
+                f"h @ adjacency.T there")
+        fn = lambda a, n_batch: contract(contract(a, adjacency, n_batch), adjacency, n_batch + 1)
+        shape = lambda s: (s[0], adjacency.shape[0], s[2])
+        return map_arrays(k, fn).replace(shape1=shape(k.shape1), shape2=shape(k.shape2))
+
+    return Layer(init_fn, apply_fn, kernel_fn, full_spatial=True, affine=True,
+                 input_kernel=sequence_kernel)
+
+
+def aggregated(k: Kernel, m1: jax.Array, m2: jax.Array) -> Kernel:
+    """The kernel arrays after each example's nodes are mapped by its own ``M (U, V)``
+    (``m1 (N1, U, V)``, ``m2 (N2, U, V)``): ``M1 K M2^T`` over every pair of nodes, exact (the
+    shapes are the caller's to set)."""
+    hi = jax.lax.Precision.HIGHEST
+    pairs = lambda t: jnp.einsum("auv,abvw,bxw->abux", m1, t, m2, precision=hi)
+    own = lambda c, m: jnp.einsum("auv,avw,axw->aux", m, c, m, precision=hi)
+    cov1 = own(k.cov1, m1)
+    return k.replace(nngp=pairs(k.nngp), ntk=None if k.ntk is None else pairs(k.ntk), cov1=cov1,
+                     cov2=cov1 if k.x1_is_x2 else own(k.cov2, m2))
 
 
 def unpacked(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -80,9 +133,11 @@ def _check_packed(shape: tuple[int, ...], name: str) -> None:
                          f"got {tuple(shape)}")
 
 
-def NodeFeatures() -> Layer:
+def NodeFeatures(nodes_first: bool = False) -> Layer:
     """``x`` of a graph model's ``forward(x, adjacency)``: packed inputs ``(N, V + C, V) ->
-    (N, C, V)`` (module doc); the kernel is the features', without the adjacencies.
+    (N, C, V)`` (module doc), or ``(N, V, C)`` when the model reads it ``nodes_first`` (Kipf's
+    layout, features last: the kernel's arrays are the same, its outputs sequences of nodes); the
+    kernel is the features', without the adjacencies.
 
     Example:
         >>> NodeFeatures().init_fn(None, (8, 5 + 3, 5))[0]
@@ -91,29 +146,44 @@ def NodeFeatures() -> Layer:
 
     def init_fn(key, shape):
         _check_packed(shape, "the node features")
-        return (shape[0], shape[1] - shape[2], shape[2]), {}
+        c, v = shape[1] - shape[2], shape[2]
+        return (shape[0], v, c) if nodes_first else (shape[0], c, v), {}
 
-    kernel_fn = lambda k: k.replace(adjacency1=None, adjacency2=None)
-    return Layer(init_fn, lambda params, x: unpacked(x)[1], kernel_fn, affine=True,
-                 input_kernel=node_features_kernel)
+    def apply_fn(params, x):
+        h = unpacked(x)[1]
+        return jnp.swapaxes(h, 1, 2) if nodes_first else h
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        k = k.replace(adjacency1=None, adjacency2=None)
+        if not nodes_first:
+            return k
+        swap = lambda s: (s[0], s[2], s[1])
+        return k.replace(shape1=swap(k.shape1), shape2=swap(k.shape2), tokens=True)
+
+    return Layer(init_fn, apply_fn, kernel_fn, affine=True, input_kernel=node_features_kernel)
 
 
-def InputAggregate(transposed: bool = False, name: str = "InputAggregate") -> Layer:
+def InputAggregate(transposed: bool = False, name: str = "InputAggregate",
+                   nodes_first: bool = False) -> Layer:
     """``(h (N, C, V), inputs (N, V + C', V)) -> (N, C, V)``: each example's nodes aggregated
     with its own adjacency ``A`` from the packed graph inputs, ``h @ A^T`` (torch:
-    ``h @ adjacency.transpose(1, 2)``), or ``h @ A`` when ``transposed``.
+    ``h @ adjacency.transpose(1, 2)``), or ``h @ A`` when ``transposed``; ``nodes_first``: of
+    ``h (N, V, C)``, ``A @ h`` (torch: ``adjacency @ h``, ``torch.bmm(adjacency, h)``), or
+    ``A^T @ h`` when ``transposed``.
 
     Example:
         >>> InputAggregate().init_fn(None, ((8, 16, 5), (8, 5 + 3, 5)))[0]
         (8, 16, 5)
     """
+    node_axis = 1 if nodes_first else 2
 
     def init_fn(key, shapes):
         h, packed = shapes
         _check_packed(packed, name)
-        if len(h) != 3 or h[-1] != packed[-1]:
-            raise ShapeError(f"{name}: aggregates node features (N, C, {packed[-1]}) with each "
-                             f"example's adjacency ({packed[-1]} nodes), got features {tuple(h)}")
+        if len(h) != 3 or h[node_axis] != packed[-1]:
+            form = f"(N, {packed[-1]}, C), nodes first" if nodes_first else f"(N, C, {packed[-1]})"
+            raise ShapeError(f"{name}: aggregates node features {form} with each example's "
+                             f"adjacency ({packed[-1]} nodes), got features {tuple(h)}")
         return tuple(h), {}
 
     def weights(a: jax.Array) -> jax.Array:  # A (N, U, V): output node u from input node v
@@ -121,19 +191,15 @@ def InputAggregate(transposed: bool = False, name: str = "InputAggregate") -> La
 
     def apply_fn(params, inputs):
         h, packed = inputs
-        return jnp.einsum("ncv,nuv->ncu", h, weights(unpacked(packed)[0]))
+        form = "nvc,nuv->nuc" if nodes_first else "ncv,nuv->ncu"
+        return jnp.einsum(form, h, weights(unpacked(packed)[0]))
 
     def kernel_fn(ks) -> Kernel:
         k, graphs = ks
-        if graphs.adjacency1 is None or k.diagonal_spatial:
+        if graphs.adjacency1 is None or k.diagonal_spatial or k.tokens != nodes_first:
             raise UnsupportedLayerError(f"{name} needs the model's graph inputs and the covariance "
-                                        f"of every pair of nodes")
-        a1, a2 = weights(graphs.adjacency1), weights(graphs.adjacency2)
-        hi = jax.lax.Precision.HIGHEST
-        pairs = lambda t: jnp.einsum("auv,abvw,bxw->abux", a1, t, a2, precision=hi)
-        own = lambda c, a: jnp.einsum("auv,avw,axw->aux", a, c, a, precision=hi)
-        cov1 = own(k.cov1, a1)
-        return k.replace(nngp=pairs(k.nngp), ntk=None if k.ntk is None else pairs(k.ntk),
-                         cov1=cov1, cov2=cov1 if k.x1_is_x2 else own(k.cov2, a2))
+                                        f"of every pair of nodes, nodes along the axis they are "
+                                        f"aggregated on")
+        return aggregated(k, weights(graphs.adjacency1), weights(graphs.adjacency2))
 
     return Layer(init_fn, apply_fn, kernel_fn, full_spatial=True, input_kernel=node_features_kernel)

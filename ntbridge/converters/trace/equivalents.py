@@ -10,6 +10,7 @@ quotients by constants -> :class:`~..combinators.Scale`, the product of two tens
 from __future__ import annotations
 
 import operator
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,17 @@ def _permute(x, *dims) -> nn.Module:
     if dims not in ((0, 2, 1), (0, -1, -2)):
         raise UnsupportedLayerError(f"permute{dims}: only permute(0, 2, 1) of (N, C, L) <-> "
                                     f"(N, L, C) and permute(1, 0, 2) of sequences are supported.")
+    return SwapLast()
+
+
+def _attribute(x, name) -> nn.Module:
+    """``x.mT`` of ``(N, C, L)``: ``x.transpose(1, 2)``."""
+    if name in ("x", "edge_index", "edge_weight", "batch"):
+        raise UnsupportedLayerError(f"x.{name}: a PyTorch Geometric model's forward takes the "
+                                    f"Data's tensors, forward(x, edge_index, ...), not the Data.")
+    if name != "mT":
+        raise UnsupportedLayerError(f"x.{name}: of a tensor's attributes only x.mT (x.transpose(1, "
+                                    f"2) of (N, C, L) <-> (N, L, C)) is supported.")
     return SwapLast()
 
 
@@ -140,7 +152,7 @@ UNARY: dict = {
     operator.mul: _scale, torch.mul: _scale,
     operator.truediv: lambda x, c: _scale(x, c, divide=True),
     torch.transpose: _transpose, torch.swapaxes: _transpose, torch.swapdims: _transpose,
-    torch.permute: _permute,
+    torch.permute: _permute, getattr: _attribute,
 }
 BINARY: dict = {operator.add: _add, torch.add: _add}
 METHODS: dict = {
@@ -191,3 +203,15 @@ def equivalent(node: fx.Node, constants: dict | None = None) -> tuple[nn.Module,
         f"{sorted({*METHODS, *METHOD_FORMS, *BINARY_METHODS, *OTHER_METHODS})}. Use a module, "
         f"or register a converter for "
         f"a module wrapping this computation (ntbridge.register_converter).")
+
+
+def located(fn: Callable, where: str) -> Callable:
+    """``fn`` whose errors (unsupported arguments) name the call ``where``."""
+    def located(*args):
+        try:
+            return fn(*args)
+        except UnsupportedLayerError as e:
+            raise UnsupportedLayerError(f"{where}: {e}") from None
+        except TypeError as e:  # arguments the equivalent module does not take
+            raise UnsupportedLayerError(f"{where}: unsupported arguments ({e}).") from None
+    return located

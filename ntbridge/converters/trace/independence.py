@@ -12,6 +12,7 @@ from ..combinators import Add, Concat, Scale
 from ..elementwise import Elementwise
 from ..families import AVG_POOLS, CONVS, DROPOUTS, RESIZES
 from ..functional import FORMS
+from ..geometric import GlobalPool, ends_affine
 from ..graph import Node
 from ..indexing import Index, Reduce, Stack, Unsqueeze
 from ..positions import AddPositions, LearnedToken
@@ -23,18 +24,18 @@ from ..structure import SwapLast
 AFFINE = (nn.Linear, *CONVS, nn.Embedding, nn.MultiheadAttention, LearnedToken)
 LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, *AVG_POOLS, *RESIZES, *DROPOUTS, Add, Concat,
           Scale, Index, Reduce, Unsqueeze, Stack, Aggregate, InputAggregate, nn.LPPool1d,
-          nn.LPPool2d, nn.LPPool3d, AddPositions, SwapLast)
+          nn.LPPool2d, nn.LPPool3d, AddPositions, SwapLast, GlobalPool)
 # modules after which every channel has the same kernel when every channel of their inputs has
 # (elementwise or the same map of positions for every channel; a sum or product of such inputs)
 SAME_PER_CHANNEL = (*FORMS, Elementwise, nn.Identity, *DROPOUTS, *AVG_POOLS, nn.Upsample,
                     nn.PixelShuffle, Add, Scale, Unsqueeze, Stack, Aggregate, InputAggregate,
-                    Multiply)
+                    Multiply, GlobalPool)
 
 
 def _random_inputs(n: Node) -> tuple[int, ...]:
     """The inputs of ``n`` whose values are random at initialisation: all but the adjacency an
-    aggregation takes from the model's input (data, like the input itself)."""
-    return n.inputs[:1] if isinstance(n.module, InputAggregate) else n.inputs
+    aggregation (a pooling of graphs) takes from the model's input (data, like the input itself)."""
+    return n.inputs[:1] if isinstance(n.module, (InputAggregate, GlobalPool)) else n.inputs
 
 
 def correlated(nodes: list[Node], inputs: tuple[int, ...]) -> str:
@@ -50,7 +51,7 @@ def correlated(nodes: list[Node], inputs: tuple[int, ...]) -> str:
     terms, ancestors = {INPUT: None}, {INPUT: frozenset({INPUT})}
     for n in nodes:
         ancestors[n.index] = frozenset({n.index}).union(*(ancestors[i] for i in n.inputs))
-        if isinstance(n.module, AFFINE):
+        if isinstance(n.module, AFFINE) or ends_affine(n.module):
             terms[n.index] = frozenset({n.index})
         elif isinstance(n.module, LINEAR) and all(terms[i] is not None for i in _random_inputs(n)):
             terms[n.index] = frozenset().union(*(terms[i] for i in _random_inputs(n)))

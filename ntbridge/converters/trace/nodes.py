@@ -27,6 +27,8 @@ from ..attention import PaddingIds
 from ..elementwise import Elementwise, Step
 from ..graph import Node, make_node
 from ..registry import Options
+from .adjacency import reads_nodes_first
+from .geometric import check_inputs, is_geometric
 from .positions import PositionsView
 from .tracer import describe, trace
 
@@ -61,6 +63,8 @@ class Trace:
     time_major: set[fx.Node] = dataclasses.field(default_factory=set)  # (T, N, d) sequences
     adjacencies: dict[fx.Node, bool] = dataclasses.field(default_factory=dict)  # -> transposed
     attention_calls: set[fx.Node] = dataclasses.field(default_factory=set)  # (output, weights)
+    geometric: dict[fx.Node, str] = dataclasses.field(default_factory=dict)  # PyG graph inputs
+    nodes_first: bool = False  # forward(x, adjacency) computes adjacency @ h, x (N, V, C)
 
     def add(self, node: fx.Node, name: str, module: nn.Module, inputs: tuple[int, ...],
             origin: str = "", call: dict | None = None) -> None:
@@ -109,11 +113,15 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
     """
     graph = trace(model)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    if len(placeholders) > 2:
+    if is_geometric(placeholders):
+        check_inputs(placeholders, type(model).__name__)
+    elif len(placeholders) > 2:
         raise ConversionError(f"{type(model).__name__}.forward takes {len(placeholders)} inputs; "
                               f"ntbridge models take one tensor, forward(x), or node features and "
                               f"each example's graph, forward(x, adjacency).")
     state = Trace(model, options, placeholders, dict(model.named_parameters()))
+    if len(placeholders) == 2 and not is_geometric(placeholders):
+        state.nodes_first = reads_nodes_first(graph, placeholders[1])
     for node in graph.nodes:
         any(fn(node, state) for fn in PATTERNS)  # the first pattern claiming it ends its turn
     return state.nodes

@@ -8,20 +8,20 @@ tokens, the output, and last the calls of modules and functions.
 
 from __future__ import annotations
 
-from typing import Callable
-
 from torch import fx, nn
 
-from ...errors import ConversionError, UnsupportedLayerError
+from ...errors import ConversionError
 from ...stax import INPUT
 from ..aggregation import NodeFeatures
 from ..combinators import Add, Concat
 from ..elementwise import step_of
+from ..geometric import GeometricFeatures
 from ..indexing import Stack
 from ..products import Multiply
 from .adjacency import adjacency_view, input_aggregation
 from .calls import ATTENTION_MODULES, attention_call, attention_output, padding_ids
-from .equivalents import equivalent, is_shape
+from .equivalents import equivalent, is_shape, located
+from .geometric import geometric_call, is_geometric
 from .independence import correlated, dependent
 from .nodes import Trace, direct_use, pattern
 from .positions import (is_arange, is_arange_value, is_positions, learned_token, position_view,
@@ -114,17 +114,23 @@ def _chains_taken(node: fx.Node, t: Trace) -> bool:
 
 @pattern
 def _placeholder(node: fx.Node, t: Trace) -> bool:
-    """``forward``'s input; for ``forward(x, adjacency)``, the node features ``x`` (read from the
-    packed input) and the adjacency (read through products alone, :func:`_input_aggregation`)."""
+    """``forward``'s input; for ``forward(x, adjacency)`` (or PyG's ``(x, edge_index, ...)``),
+    the node features ``x`` read from the packed input, and the graph inputs, read through
+    products (:func:`_input_aggregation`) or PyG's calls (:func:`_geometric_call`) alone."""
     if node.op != "placeholder":
         return False
-    if len(t.placeholders) != 2:
+    name = f"{type(t.model).__name__}.forward"
+    if is_geometric(t.placeholders):
+        if node is not t.placeholders[0]:
+            t.geometric[node] = node.target
+        else:
+            t.add(node, "x", GeometricFeatures(), (INPUT,), f"the node features x of {name}")
+    elif len(t.placeholders) != 2:
         t.index[node] = INPUT
     elif node is t.placeholders[1]:
         t.adjacencies[node] = False
     else:
-        t.add(node, "x", NodeFeatures(), (INPUT,),
-              f"the node features x of {type(t.model).__name__}.forward")
+        t.add(node, "x", NodeFeatures(t.nodes_first), (INPUT,), f"the node features x of {name}")
     return True
 
 
@@ -209,6 +215,16 @@ def _shape(node: fx.Node, t: Trace) -> bool:
 
 
 @pattern
+def _geometric_call(node: fx.Node, t: Trace) -> bool:
+    """``conv(h, edge_index)`` of a PyG layer, ``global_mean_pool(h, batch)`` (:mod:`.geometric`)."""
+    if (found := geometric_call(node, t.model, t.geometric, len(t.nodes))) is None:
+        return False
+    name, module, h, origin, call = found
+    t.add(node, name, module, (t.source(h, origin), INPUT), "" if call else origin, call)
+    return True
+
+
+@pattern
 def _attention_call(node: fx.Node, t: Trace) -> bool:
     """``attn(x, x, x, attn_mask=self.mask)`` of an attention module or encoder: one node fed by
     ``x`` (and the token ids of a key padding mask), its other arguments handed to the converter
@@ -247,7 +263,7 @@ def _function_call(node: fx.Node, t: Trace) -> bool:
     for a in node.all_input_nodes:
         if a in t.views or (a.op == "get_attr" and a not in t.constants):
             raise direct_use(t.views[a].name if a in t.views else a.target, origin)
-    module, sources = _located(equivalent, origin)(node, t.constants)
+    module, sources = located(equivalent, origin)(node, t.constants)
     _add_call(node, t, module, sources, origin)
     return True
 
@@ -271,15 +287,3 @@ def _add_call(node: fx.Node, t: Trace, module: nn.Module, sources: list, origin:
     by_module = node.op == "call_module"
     t.add(node, node.target if by_module else node.name, module, inputs,
           "" if by_module else origin, call)
-
-
-def _located(fn: Callable, where: str) -> Callable:
-    """``fn`` whose errors (unsupported arguments) name the call ``where``."""
-    def located(*args):
-        try:
-            return fn(*args)
-        except UnsupportedLayerError as e:
-            raise UnsupportedLayerError(f"{where}: {e}") from None
-        except TypeError as e:  # arguments the equivalent module does not take
-            raise UnsupportedLayerError(f"{where}: unsupported arguments ({e}).") from None
-    return located

@@ -12,6 +12,7 @@ from torch import fx, nn
 
 from ...errors import ConversionError
 from ..registry import find_converter
+from ..geometric import pool_functions
 
 _SCOPE = "ntbridge_scope"  # node.meta key: (qualified name, type name) of the enclosing module
 
@@ -21,7 +22,7 @@ class _Tracer(fx.Tracer):
     and records in each node's meta the module whose ``forward`` created it (``_SCOPE``)."""
 
     def __init__(self, model: nn.Module):
-        super().__init__()
+        super().__init__(autowrap_functions=pool_functions())
         self.scopes = [("", type(model).__name__)]
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
