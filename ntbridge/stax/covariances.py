@@ -69,7 +69,8 @@ def with_covariances(covs1: Covariances, covs2: Covariances) -> After:
     """
 
     def after(i, out):
-        return jax.tree.map(lambda k, c1, c2: k.replace(cov1=c1, cov2=c2), out, covs1[i],
+        return jax.tree.map(lambda k, c1, c2: k.replace(cov1=c1, cov2=c2, sources=k.sources),
+                            out, covs1[i],
                             covs2[i], is_leaf=_is_kernel)
 
     return after

@@ -1,0 +1,66 @@
+"""Non-Gaussian inputs of nonlinearities and MaxPool (``stax.sources``): eval-mode BatchNorm with
+any statistics before a nonlinearity, MaxPool, nonlinearities after residual sums, against wide
+models' Monte-Carlo (Gaussian weights redrawn, BatchNorm's buffers and affine parameters kept), in
+the samples' standard errors and the kernel's own reported error; fresh BatchNorm in closed form."""
+
+import pytest
+import torch
+from torch import nn
+
+import ntbridge
+from montecarlo import sample_kernels, z_scores
+
+
+def trained(bn: nn.modules.batchnorm._BatchNorm, seed: int):
+    """``bn`` in eval mode with running statistics and affine parameters as training leaves
+    them: channel-dependent scales, shifts and means (some gammas negative)."""
+    gen = torch.Generator().manual_seed(seed)
+    draw = lambda lo, hi: lo + (hi - lo) * torch.rand(bn.num_features, generator=gen)
+    with torch.no_grad():
+        bn.running_var.copy_(draw(0.3, 3))
+        bn.running_mean.copy_(draw(-1, 1))
+        if bn.weight is not None:
+            bn.weight.copy_(draw(-1, 2))
+            bn.bias.copy_(draw(-1, 1))
+    return bn.eval()
+
+
+def check(model: nn.Module, x: torch.Tensor, samples: int, z_max: float = 5.0):
+    """The analytic NNGP and NTK (standard parameterization) within ``z_max`` of the Monte-Carlo
+    mean of ``samples`` Gaussian redraws, in its standard error and the kernel's reported error,
+    which must be small enough for the check to mean something."""
+    model = model.double().eval()
+    k = ntbridge.kernel(model, x)
+    error = ntbridge.expectation_error(model, x)
+    nngp, ntk = sample_kernels(model, x, samples, chunk=50, ntk_outputs=2)
+    assert error < 0.02, error
+    for name, s, a in (("nngp", nngp, k.nngp), ("ntk", ntk, k.ntk)):
+        z = z_scores(s, a, error)
+        assert z.max() < z_max, f"{name}: max z {z.max():.2f}\n{z}"
+    return k, error
+
+
+def test_batchnorm_with_trained_statistics_before_relu_matches_monte_carlo():
+    """conv -> BN (every channel its own scale, shift and mean) -> ReLU: a numerical expectation
+    (the channels' shifts), NNGP and NTK with gamma's and beta's terms."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(2, 32, 2), trained(nn.BatchNorm1d(32), 0), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(32 * 3, 64))
+    _, error = check(model, torch.randn(3, 2, 4, dtype=torch.float64), 200)
+    assert error > 0
+
+
+def test_fresh_batchnorm_before_relu_is_closed_form():
+    """Fresh buffers: y = h / sqrt(1 + eps), so the NNGP is the plain rule's over 1 + eps, exactly,
+    and the kernel is exact (no reported error); the NTK's gamma and beta terms are checked
+    against Monte-Carlo."""
+    torch.manual_seed(1)
+    conv = nn.Conv2d(2, 16, 2)
+    with_bn = nn.Sequential(conv, nn.BatchNorm2d(16, eps=0.25), nn.ReLU(), nn.Flatten(),
+                            nn.Linear(16 * 4, 32)).double().eval()
+    plain = nn.Sequential(conv, nn.ReLU()).double()
+    x = torch.randn(3, 2, 3, 3, dtype=torch.float64)
+    relu = ntbridge.nngp(nn.Sequential(with_bn[:3]), x)
+    torch.testing.assert_close(relu, ntbridge.nngp(plain, x) / 1.25, rtol=1e-12, atol=0)
+    _, error = check(with_bn, x, 200)
+    assert error < 1e-12  # every replicate the same: no numerical expectation
