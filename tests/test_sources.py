@@ -64,3 +64,18 @@ def test_fresh_batchnorm_before_relu_is_closed_form():
     torch.testing.assert_close(relu, ntbridge.nngp(plain, x) / 1.25, rtol=1e-12, atol=0)
     _, error = check(with_bn, x, 200)
     assert error < 1e-12  # every replicate the same: no numerical expectation
+
+
+@pytest.mark.parametrize("pool", [nn.MaxPool2d(3, 2, 1), nn.AdaptiveMaxPool2d((2, 1)),
+                                  nn.MaxPool1d(3, stride=2, padding=1, dilation=2, ceil_mode=True)],
+                         ids=repr)
+def test_maxpool_matches_monte_carlo(pool):
+    """conv -> ReLU -> MaxPool (padding, stride, dilation, ceil mode, adaptive windows): the
+    maximum of jointly Gaussian windows, NNGP and NTK through the argmax."""
+    torch.manual_seed(2)
+    one = isinstance(pool, nn.MaxPool1d)
+    conv, shape = (nn.Conv1d(2, 32, 2), (2, 7)) if one else (nn.Conv2d(2, 32, 2), (2, 4, 4))
+    x = torch.randn(3, *shape, dtype=torch.float64)
+    features = nn.Sequential(conv, nn.ReLU(), pool, nn.Flatten())
+    model = nn.Sequential(*features, nn.Linear(features(x.float()).shape[1], 64))
+    check(model, x, 100)
