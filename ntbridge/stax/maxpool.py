@@ -105,7 +105,9 @@ def _window_max(joint, ntk, valid, ops, z, index):
     each position is inside ``valid`` (two arrays broadcasting to ``(..., W)``), the elementwise
     ``ops`` before the maximum, normals ``z`` ``(S, 2W)`` and each sample's channel ``index``."""
     w = joint.shape[-1] // 2
-    h = jnp.einsum("...ij,sj->s...i", psd_factor(joint), z, precision=jax.lax.Precision.HIGHEST)
+    floor = 1e-8 if joint.dtype == jnp.float64 else 1e-4  # windows repeat positions
+    h = jnp.einsum("...ij,sj->s...i", psd_factor(joint, floor), z,
+                   precision=jax.lax.Precision.HIGHEST)
     hu, hv = h[..., :w], h[..., w:]
     fu, fv, _ = _replay(ops, hu, hv, None, index)
     best = [jnp.argmax(jnp.where(ok, f, -jnp.inf), -1)[..., None] for ok, f in zip(valid, (fu, fv))]
