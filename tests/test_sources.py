@@ -3,12 +3,17 @@ any statistics before a nonlinearity, MaxPool, nonlinearities after residual sum
 models' Monte-Carlo (Gaussian weights redrawn, BatchNorm's buffers and affine parameters kept), in
 the samples' standard errors and the kernel's own reported error; fresh BatchNorm in closed form."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 import ntbridge
 from montecarlo import sample_kernels, z_scores
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 
 def trained(bn: nn.modules.batchnorm._BatchNorm, seed: int):
@@ -79,3 +84,22 @@ def test_maxpool_matches_monte_carlo(pool):
     features = nn.Sequential(conv, nn.ReLU(), pool, nn.Flatten())
     model = nn.Sequential(*features, nn.Linear(features(x.float()).shape[1], 64))
     check(model, x, 100)
+
+
+def reduced_resnet(block: str, statistics: str, width: int) -> nn.Module:
+    """torchvision's layout (``examples/torchvision_resnets.py``) with two stages of one block each
+    (the second with its strided downsample shortcut), eval mode, BatchNorm fresh or trained."""
+    from torchvision_resnets import BasicBlock, Bottleneck, ResNet, trained_statistics
+
+    model = ResNet({"basic": BasicBlock, "bottleneck": Bottleneck}[block], [1, 1], 8, width)
+    return trained_statistics(model, 3) if statistics == "trained" else model.eval()
+
+
+@pytest.mark.parametrize("block,statistics", [("basic", "trained"), ("bottleneck", "fresh")])
+def test_reduced_resnet_matches_monte_carlo_at_its_own_width(block, statistics):
+    """Stem (conv, BN, ReLU, MaxPool), a BasicBlock/Bottleneck (ReLU after ``out + identity``, the
+    identity MaxPool's output), one with the downsample shortcut (``conv1x1 stride 2 + BN``),
+    global average pooling, Linear: NNGP and NTK at the model's own width."""
+    torch.manual_seed(3)
+    model = reduced_resnet(block, statistics, 32 if block == "basic" else 16)
+    check(model, torch.randn(3, 3, 8, 8, dtype=torch.float64), 100)

@@ -168,6 +168,7 @@ def max_rule(windows: Windows, name: str) -> Callable[[Kernel], Kernel]:
         chan, _ = channels_of(k, SAMPLING)
         samples = _entries(k, base, index, masks, z, ops, chan)
         shaped = k.replace(shape1=(*k.shape1[:2], *out), shape2=(*k.shape2[:2], *out))
-        return sampled_kernel(shaped, Sources(samples=samples, rule=SAMPLING), samples)
+        return sampled_kernel(shaped, Sources(samples=samples, count=z.shape[1], rule=SAMPLING),
+                              samples)
 
     return kernel_fn

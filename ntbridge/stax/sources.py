@@ -78,12 +78,12 @@ class Samples:
 class Sources:
     """How a non-Gaussian output is made: ``ops`` (elementwise maps, :class:`ChannelMap` or a
     function) applied to the Gaussian ``base``; or, where it is no such thing (after a residual
-    sum, MaxPool), its ``samples`` of ``count`` independent sources."""
+    sum, MaxPool), its ``samples``, drawn from ``count`` dimensions of the rule's points."""
 
     base: Kernel | None = None
     samples: Samples | None = None
     ops: tuple[Any, ...] = ()
-    count: int = 1
+    count: int = 2
     rule: Rule = SAMPLING
 
 
@@ -93,24 +93,38 @@ for _cls, _meta in ((Samples, []), (Sources, ["ops", "count", "rule"])):
                                      meta_fields=_meta)
 
 
-@functools.lru_cache(maxsize=64)
-def _points(rule: Rule, dims: int, source: int) -> np.ndarray:
-    """``(replicates, points, dims)`` standard normals: scrambled Sobol points (seeded by the rule,
-    the source and the replicate), through the normal quantile."""
+DIMENSIONS = 256  # the dimensions of one Sobol point set, shared by the sources of an entry
+
+
+@functools.lru_cache(maxsize=16)
+def _points(rule: Rule, block: int) -> np.ndarray:
+    """``(replicates, points, DIMENSIONS)`` standard normals: scrambled Sobol points (seeded by
+    the rule, the block of dimensions and the replicate), through the normal quantile."""
     from scipy.special import ndtri  # optional at import time: only numerical rules need it
     from scipy.stats import qmc
 
     out = []
     for r in range(rule.replicates):
-        seed = np.random.default_rng([rule.seed, source, r])
-        u = qmc.Sobol(dims, scramble=True, seed=seed).random(rule.points)
+        seed = np.random.default_rng([rule.seed, block, r])
+        u = qmc.Sobol(DIMENSIONS, scramble=True, seed=seed).random(rule.points)
         out.append(ndtri(np.clip(u, 1e-12, 1 - 1e-12)))
     return np.stack(out)
 
 
-def normals(k: Kernel, rule: Rule, dims: int, source: int) -> jax.Array:
-    """``(S, dims)`` standard normals of ``source``: every replicate's, or ``k.replicate``'s."""
-    z = jnp.asarray(_points(rule, dims, source), k.nngp.dtype)
+def normals(k: Kernel, rule: Rule, dims: int, offset: int) -> jax.Array:
+    """``(S, dims)`` standard normals for sources drawn at dimensions ``offset, ...`` of the
+    rule's points (every replicate's, or ``k.replicate``'s): the sources of an entry share one
+    Sobol point set (joint low discrepancy), up to :data:`DIMENSIONS`; beyond, independently
+    scrambled sets; a window wider than one set, Gaussian samples."""
+    block, start = divmod(offset, DIMENSIONS)
+    if start + dims > DIMENSIONS:
+        block, start = block + 1, 0
+    if dims > DIMENSIONS:  # a large window: Gaussian samples (Monte-Carlo's order)
+        rng = np.random.default_rng([rule.seed, offset, dims])
+        z = rng.standard_normal((rule.replicates, rule.points, dims))
+    else:
+        z = _points(rule, block)[..., start:start + dims]
+    z = jnp.asarray(z, k.nngp.dtype)
     return z.reshape(-1, dims) if k.replicate is None else jnp.take(z, k.replicate, 0)
 
 
@@ -205,9 +219,10 @@ def sampled_kernel(k: Kernel, sources: Sources, samples: Samples) -> Kernel:
                      is_gaussian=False, sources=sources)
 
 
-def materialize(k: Kernel, source: int, rule: Rule = SAMPLING) -> tuple[Samples, int] | None:
-    """The samples of ``k``'s outputs, their sources numbered from ``source`` (a Gaussian output
-    is one new source), and how many sources they have; None where ``k`` records no sources."""
+def materialize(k: Kernel, offset: int, rule: Rule = SAMPLING) -> tuple[Samples, int] | None:
+    """The samples of ``k``'s outputs, a Gaussian one drawn at dimensions ``offset, offset + 1``
+    of the rule's points, and how many dimensions they take (:func:`normals`; samples recorded
+    already start at 0); None where ``k`` records no sources."""
     if k.sources is not None and k.sources.samples is not None:
         return k.sources.samples, k.sources.count
     if k.sources is not None:
@@ -217,7 +232,7 @@ def materialize(k: Kernel, source: int, rule: Rule = SAMPLING) -> tuple[Samples,
     else:
         return None
     index, _ = channels_of(k, rule)
-    return apply_ops(ops, gaussian_samples(base, normals(k, rule, 2, source)), index), 1
+    return apply_ops(ops, gaussian_samples(base, normals(k, rule, 2, offset)), index), 2
 
 
 def pointwise(k: Kernel, op: Any, name: str) -> Kernel:
@@ -247,7 +262,7 @@ def sum_sources(ks: tuple[Kernel, ...], rule: Rule = SAMPLING) -> Kernel:
     for k in ks:
         if k.sources is None or k.sources.samples is None:
             made.append(materialize(k, count, rule))
-            count += 1
+            count += 2
     if len(stored) > 1 or any(m is None for m in made):
         raise UnsupportedLayerError(
             "a sum of branches whose rule needs samples: each branch must be Gaussian (ending in "
