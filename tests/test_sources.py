@@ -103,3 +103,19 @@ def test_reduced_resnet_matches_monte_carlo_at_its_own_width(block, statistics):
     torch.manual_seed(3)
     model = reduced_resnet(block, statistics, 32 if block == "basic" else 16)
     check(model, torch.randn(3, 3, 8, 8, dtype=torch.float64), 100)
+
+
+def test_refusals_name_the_module_and_what_works():
+    """MaxPool after a residual sum (its windows are no map of one Gaussian); a bad number of
+    points."""
+    from torchvision_resnets import BasicBlock
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), BasicBlock(8, 8),
+                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 4, 2)).eval()
+    x = torch.randn(2, 3, 4, 4)
+    with pytest.raises(ntbridge.errors.UnsupportedLayerError,
+                       match=r"'3' \(MaxPool2d\): MaxPool2d's kernel rule needs a Gaussian input "
+                             r"or an elementwise map of one .*after a residual sum.*monte_carlo"):
+        ntbridge.nngp(model, x)
+    with pytest.raises(ntbridge.errors.InputError, match="expectation_points must be a power of 2"):
+        ntbridge.nngp(model[:2], x, expectation_points=100)

@@ -19,7 +19,9 @@ from . import (activations, aggregation, attention, conv, embedding, encoder,  #
                indexing, linear, normalization, pooling, positions, products,  # (converters)
                resize, structure)
 from .graph import Graph, Node, make_node
-from .registry import ATTENTION_POINTS, Options, StdOption, as_float, find_converter
+from ..stax.sources import SAMPLING
+from .registry import (ATTENTION_POINTS, EXPECTATION_POINTS, Options, StdOption, as_float,
+                       find_converter)
 from .reuse import check_reuse, children
 from .trace import fx_nodes
 
@@ -52,7 +54,8 @@ def _check_uniform(model: nn.Module) -> None:
 
 def convert(model: nn.Module, *, parameterization: str = "standard", init: str = "torch",
             W_std: StdOption = None, b_std: StdOption = None, attention: str = "softmax",
-            attention_points: int = ATTENTION_POINTS, shared_weights: str = "auto") -> Graph:
+            attention_points: int = ATTENTION_POINTS, shared_weights: str = "auto",
+            expectation_points: int = EXPECTATION_POINTS) -> Graph:
     """Translate ``model`` into a :class:`Graph` (``init_fn``, ``apply_fn``, ``kernel_fn``, ``params``).
 
     Args:
@@ -87,7 +90,7 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     check_module(model)
     _check_uniform(model)
     options = Options(parameterization, init, W_std, b_std, attention, attention_points,
-                      shared_weights)
+                      shared_weights, expectation_points)
     leaves = list(_leaves(model))
     if any(_is_user_container(module) for _, module in leaves):
         nodes = fx_nodes(model, options)
@@ -98,7 +101,8 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     if options.shared_weights == "auto":
         check_reuse(nodes)
     return Graph(nodes, model_dtype(model), _signature(options, nodes, True),
-                 _signature(options, nodes, False))
+                 _signature(options, nodes, False),
+                 SAMPLING._replace(points=options.expectation_points))
 
 
 def _signature(options: Options, nodes: list[Node], values: bool) -> tuple:
@@ -107,5 +111,6 @@ def _signature(options: Options, nodes: list[Node], values: bool) -> tuple:
     hyper-parameters), its parameters' names and its inputs."""
     hyper = lambda n: tuple(sorted((k, as_float(v) if isinstance(v, torch.Tensor) else v)
                                    for k, v in n.hyper.items() if values or k not in n.layer.hyper))
-    return options.parameterization, options.attention, options.attention_points, tuple(
+    return options.parameterization, options.attention, options.attention_points, \
+        options.expectation_points, tuple(
         (n.name, describe(n.layer, values), hyper(n), n.param_names, n.inputs) for n in nodes)

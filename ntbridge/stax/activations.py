@@ -31,7 +31,7 @@ from .layers import Layer
 from .piecewise import Pieces, piecewise_rule, quadrature_rule
 from .polar import polar_rule
 from .quadrature import Corrected, Rule, corrected_rule, smooth_rule
-from .sources import SAMPLING, Sources, centred_map, pointwise
+from .sources import SAMPLING, Sources, centred_map, pointwise, rule_of
 
 
 def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
@@ -59,7 +59,7 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
         return k.replace(
             nngp=nngp, ntk=None if k.ntk is None else k.ntk * dot, cov1=cov1,
             cov2=cov1 if k.x1_is_x2 else covariance(k.cov2, "cov2"), is_gaussian=False,
-            sources=Sources(base=k, ops=(fn,)))
+            sources=Sources(base=k, ops=(fn,), rule=rule_of(k)))
 
     def kernel_fn(k: Kernel) -> Kernel:
         if k.is_gaussian:

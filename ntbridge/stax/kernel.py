@@ -50,6 +50,8 @@ class Kernel:
         input ids (None otherwise): what per-example masks (``key_padding_mask``) are made of.
       sources: how outputs that are not Gaussian are made of Gaussian sources, for the rules that
         compute their kernels numerically (``stax.sources.Sources``; None: not recorded).
+      sampling: the rule of those numerical expectations (``stax.softmax_moments.Rule``; None: the
+        default, ``stax.sources.SAMPLING``), the network's (``Layer.sampling``).
       adjacency1, adjacency2: each example's graph ``(N1, V, V)``, ``(N2, V, V)`` when this is the
         kernel of a graph model's inputs (``stax.aggregation.node_features_kernel``; None otherwise): what
         per-example aggregations (``stax.aggregation.InputAggregate``) weigh the nodes with.
@@ -71,6 +73,7 @@ class Kernel:
     adjacency1: jax.Array | None = None
     adjacency2: jax.Array | None = None
     sources: Any = None
+    sampling: Any = None
 
     def replace(self, **changes) -> "Kernel":
         """A copy with ``changes``; one that changes the kernels or shapes drops ``sources``
@@ -98,7 +101,8 @@ jax.tree_util.register_dataclass(
     Kernel,
     data_fields=["nngp", "ntk", "cov1", "cov2", "replicate", "ids1", "ids2", "adjacency1",
                  "adjacency2", "sources"],
-    meta_fields=["shape1", "shape2", "x1_is_x2", "is_gaussian", "diagonal_spatial", "tokens"],
+    meta_fields=["shape1", "shape2", "x1_is_x2", "is_gaussian", "diagonal_spatial", "tokens",
+                 "sampling"],
 )
 
 

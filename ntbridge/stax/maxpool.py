@@ -26,7 +26,8 @@ import numpy as np
 from ..errors import UnsupportedLayerError
 from .kernel import Kernel, spatial_diagonal
 from .softmax_moments import psd_factor
-from .sources import SAMPLING, Samples, Sources, apply_op, channels_of, normals, sampled_kernel
+from .sources import (Samples, Sources, apply_op, channels_of, normals, rule_of,
+                      sampled_kernel)
 
 Windows = Callable[[tuple[int, ...]], list[tuple[np.ndarray, np.ndarray]]]
 
@@ -99,25 +100,34 @@ def _replay(ops, u, v, t, index):
     return u, v, t
 
 
-def _window_max(joint, ntk, valid, ops, z, index):
+def _window_max(joint, ntk, valid, ops, z, index, chunk: int = 64):
     """The samples ``(u, v, t)`` ``(S, ...)`` of both windows' maxima for covariances ``joint``
     ``(..., 2W, 2W)``, the NTK between the windows ``ntk`` (``(..., W, W)``, or None), whether
     each position is inside ``valid`` (two arrays broadcasting to ``(..., W)``), the elementwise
-    ``ops`` before the maximum, normals ``z`` ``(S, 2W)`` and each sample's channel ``index``."""
+    ``ops`` before the maximum, normals ``z`` ``(S, 2W)`` and each sample's channel ``index``;
+    ``chunk`` samples at a time (the window values of all entries: ``chunk * 2W`` per entry)."""
     w = joint.shape[-1] // 2
     floor = 1e-8 if joint.dtype == jnp.float64 else 1e-4  # windows repeat positions
-    h = jnp.einsum("...ij,sj->s...i", psd_factor(joint, floor), z,
-                   precision=jax.lax.Precision.HIGHEST)
-    hu, hv = h[..., :w], h[..., w:]
-    fu, fv, _ = _replay(ops, hu, hv, None, index)
-    best = [jnp.argmax(jnp.where(ok, f, -jnp.inf), -1)[..., None] for ok, f in zip(valid, (fu, fv))]
+    factor = psd_factor(joint, floor)
     pick = lambda a, i: jnp.take_along_axis(a, i, -1)[..., 0]
-    t = None
-    if ntk is not None:
-        rows = jnp.take_along_axis(jnp.broadcast_to(ntk, h.shape[:-1] + (w, w)),
-                                   best[0][..., None], -2)[..., 0, :]
-        t = pick(rows, best[1])
-    return _replay(ops, pick(hu, best[0]), pick(hv, best[1]), t, index)
+
+    def some(args):
+        zc, ic = args
+        h = jnp.einsum("...ij,sj->s...i", factor, zc, precision=jax.lax.Precision.HIGHEST)
+        hu, hv = h[..., :w], h[..., w:]
+        fu, fv, _ = _replay(ops, hu, hv, None, ic)
+        best = [jnp.argmax(jnp.where(ok, f, -jnp.inf), -1)[..., None]
+                for ok, f in zip(valid, (fu, fv))]
+        t = None
+        if ntk is not None:
+            rows = jnp.take_along_axis(jnp.broadcast_to(ntk, h.shape[:-1] + (w, w)),
+                                       best[0][..., None], -2)[..., 0, :]
+            t = pick(rows, best[1])
+        return _replay(ops, pick(hu, best[0]), pick(hv, best[1]), t, ic)
+
+    chunk = min(chunk, z.shape[0])
+    out = jax.lax.map(some, (z.reshape(-1, chunk, z.shape[1]), index.reshape(-1, chunk)))
+    return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), out)
 
 
 def _entries(k: Kernel, base: Kernel, index: list[np.ndarray], masks: np.ndarray, z, ops, chan):
@@ -164,11 +174,12 @@ def max_rule(windows: Windows, name: str) -> Callable[[Kernel], Kernel]:
         masks = masks.transpose([2 * d for d in range(ndim)] + [2 * d + 1 for d in range(ndim)])
         masks = masks.reshape(*masks.shape[:ndim], -1)
         out = tuple(i.shape[0] for i in index)
-        z = normals(k, SAMPLING, 2 * masks.shape[-1], 0)
-        chan, _ = channels_of(k, SAMPLING)
+        rule = rule_of(k)
+        z = normals(k, rule, 2 * masks.shape[-1], 0)
+        chan, _ = channels_of(k, rule)
         samples = _entries(k, base, index, masks, z, ops, chan)
         shaped = k.replace(shape1=(*k.shape1[:2], *out), shape2=(*k.shape2[:2], *out))
-        return sampled_kernel(shaped, Sources(samples=samples, count=z.shape[1], rule=SAMPLING),
+        return sampled_kernel(shaped, Sources(samples=samples, count=z.shape[1], rule=rule),
                               samples)
 
     return kernel_fn

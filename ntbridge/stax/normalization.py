@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel, _diagonal_variances
 from .layers import Layer, channels_first
-from .sources import SAMPLING, ChannelMap, Sources, pointwise
+from .sources import SAMPLING, ChannelMap, Sources, pointwise, rule_of
 
 
 def LayerNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | None = None,
@@ -138,7 +138,8 @@ def _eval_rule(moments: ChannelMoments, cmap: ChannelMap | None):
         # a trained gamma's gradient is the channel's own input, which a nonlinearity's derivative
         # correlates with: a nonlinearity after it needs the channels' map (stax.sources)
         gaussian = moments.uniform and moments.weight is None
-        sources = None if gaussian or cmap is None else Sources(base=k, ops=(cmap,))
+        sources = (None if gaussian or cmap is None
+                   else Sources(base=k, ops=(cmap,), rule=rule_of(k)))
         return k.replace(nngp=affine(k.nngp), ntk=ntk, cov1=affine(k.cov1), cov2=affine(k.cov2),
                          is_gaussian=gaussian, sources=sources)
 

@@ -219,7 +219,13 @@ def sampled_kernel(k: Kernel, sources: Sources, samples: Samples) -> Kernel:
                      is_gaussian=False, sources=sources)
 
 
-def materialize(k: Kernel, offset: int, rule: Rule = SAMPLING) -> tuple[Samples, int] | None:
+def rule_of(k: Kernel) -> Rule:
+    """The rule of ``k``'s numerical expectations: its network's (``Kernel.sampling``), or the
+    default."""
+    return k.sampling or SAMPLING
+
+
+def materialize(k: Kernel, offset: int) -> tuple[Samples, int] | None:
     """The samples of ``k``'s outputs, a Gaussian one drawn at dimensions ``offset, offset + 1``
     of the rule's points, and how many dimensions they take (:func:`normals`; samples recorded
     already start at 0); None where ``k`` records no sources."""
@@ -228,7 +234,7 @@ def materialize(k: Kernel, offset: int, rule: Rule = SAMPLING) -> tuple[Samples,
     if k.sources is not None:
         base, ops, rule = k.sources.base, k.sources.ops, k.sources.rule
     elif k.is_gaussian:
-        base, ops = k, ()
+        base, ops, rule = k, (), rule_of(k)
     else:
         return None
     index, _ = channels_of(k, rule)
@@ -252,16 +258,16 @@ def pointwise(k: Kernel, op: Any, name: str) -> Kernel:
     return sampled_kernel(k, dataclasses.replace(src, samples=samples), samples)
 
 
-def sum_sources(ks: tuple[Kernel, ...], rule: Rule = SAMPLING) -> Kernel:
+def sum_sources(ks: tuple[Kernel, ...]) -> Kernel:
     """The kernel of a sum of independent outputs, at least one of them recorded by sources: at
     most one of them sampled already (a residual block's identity), the others Gaussian or
     elementwise maps of one, each drawn as new sources."""
     stored = [k for k in ks if k.sources is not None and k.sources.samples is not None]
-    made = [materialize(k, 0, rule) for k in stored]
+    made, rule = [materialize(k, 0) for k in stored], rule_of(ks[0])
     count = sum(n for _, n in made)
     for k in ks:
         if k.sources is None or k.sources.samples is None:
-            made.append(materialize(k, count, rule))
+            made.append(materialize(k, count))
             count += 2
     if len(stored) > 1 or any(m is None for m in made):
         raise UnsupportedLayerError(
