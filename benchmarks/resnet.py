@@ -15,7 +15,8 @@ Rows:
 * ``pre-activation`` (with ``--nt-python``): a ResNet of blocks ``x + conv(relu(conv(relu(x))))``
   (3x3 convolutions with zero padding, 2x2 average pooling between stages, ReLU, global average
   pooling, Linear): every nonlinearity sees a Gaussian, so both libraries have closed forms;
-  Neural Tangents' ``stax`` network in a child process (its jitted ``kernel_fn``), both in float64:
+  Neural Tangents' ``stax`` network in a child process (its jitted ``kernel_fn``), both in float64
+  and NTK parameterization (NT's default):
   the largest difference of each kernel relative to its largest entry and the steady time of each.
 """
 
@@ -104,7 +105,7 @@ def resnet18_rows(n: int, size: int, points: int) -> None:
 def preact_rows(nt_python: str, n: int, size: int) -> None:
     x = np.random.default_rng(0).standard_normal((n, 3, size, size))
     model = preact_resnet().double()
-    opts = dict(W_std=W_STD, b_std=B_STD)
+    opts = dict(W_std=W_STD, b_std=B_STD, parameterization="ntk")  # NT's default
     ntbridge.kernel(model, torch.from_numpy(x), **opts)
     start = time.perf_counter()
     ours = ntbridge.kernel(model, torch.from_numpy(x), **opts)

@@ -12,8 +12,9 @@ example reports (``ntbridge.expectation_error``, on a few examples).
 
     python examples/resnet_kernel.py   # NTBRIDGE_EXAMPLE_QUICK=1 for a smaller run
 
-Runs in about 4 min on 2 shared CPU cores (`time python examples/resnet_kernel.py`; the quick run
-about 1 min).
+Runs in about 2.5 min of CPU time on 2 shared cores, 9 min of wall time while they were busy with
+other work (`time python examples/resnet_kernel.py`; the quick run: 40 s of CPU, 2 min of wall
+time); test accuracy 0.62 (NNGP) and 0.62 (NTK) with 50 training digits.
 """
 
 import math

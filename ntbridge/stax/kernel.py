@@ -48,10 +48,8 @@ class Kernel:
         its error estimated from their spread (``covariances.evaluate_error``).
       ids1, ids2: the token ids ``(N1, T)``, ``(N2, T)`` when this is the kernel of a model's
         input ids (None otherwise): what per-example masks (``key_padding_mask``) are made of.
-      sources: how outputs that are not Gaussian are made of Gaussian sources, for the rules that
-        compute their kernels numerically (``stax.sources.Sources``; None: not recorded).
-      sampling: the rule of those numerical expectations (``stax.softmax_moments.Rule``; None: the
-        default, ``stax.sources.SAMPLING``), the network's (``Layer.sampling``).
+      sources: how non-Gaussian outputs are made of Gaussian sources (``stax.sources.Sources``).
+      sampling: the network's rule of their expectations (``Layer.sampling``; None: default).
       adjacency1, adjacency2: each example's graph ``(N1, V, V)``, ``(N2, V, V)`` when this is the
         kernel of a graph model's inputs (``stax.aggregation.node_features_kernel``; None otherwise): what
         per-example aggregations (``stax.aggregation.InputAggregate``) weigh the nodes with.
@@ -76,9 +74,8 @@ class Kernel:
     sampling: Any = None
 
     def replace(self, **changes) -> "Kernel":
-        """A copy with ``changes``; one that changes the kernels or shapes drops ``sources``
-        unless it gives them: a layer without a rule for them makes outputs they do not
-        describe (a later rule that needs them then refuses, rather than use stale ones)."""
+        """A copy with ``changes``; changing kernels or shapes drops ``sources`` unless given
+        (a layer without a rule for them makes outputs they do not describe)."""
         if "sources" not in changes and _DESCRIBED.intersection(changes):
             changes["sources"] = None
         return dataclasses.replace(self, **changes)
