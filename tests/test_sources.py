@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import ntbridge
-from montecarlo import sample_kernels, z_scores
+from montecarlo import sample_kernels, standard_error, z_scores
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
@@ -30,16 +30,19 @@ def trained(bn: nn.modules.batchnorm._BatchNorm, seed: int):
     return bn.eval()
 
 
-def check(model: nn.Module, x: torch.Tensor, samples: int, z_max: float = 5.0):
+def check(model: nn.Module, x: torch.Tensor, samples: int, z_max: float = 5.0,
+          reported: bool = True):
     """The analytic NNGP and NTK (standard parameterization) within ``z_max`` of the Monte-Carlo
-    mean of ``samples`` Gaussian redraws, in its standard error and the kernel's reported error,
-    which must be small enough for the check to mean something."""
+    mean of ``samples`` Gaussian redraws, in its standard error, which must be small enough for
+    the check to mean something, and the kernel's reported error (``reported``; else none: a
+    stricter check), which must be small."""
     model = model.double().eval()
     k = ntbridge.kernel(model, x)
-    error = ntbridge.expectation_error(model, x)
+    error = ntbridge.expectation_error(model, x) if reported else 0.0
     nngp, ntk = sample_kernels(model, x, samples, chunk=50, ntk_outputs=2)
     assert error < 0.02, error
     for name, s, a in (("nngp", nngp, k.nngp), ("ntk", ntk, k.ntk)):
+        assert standard_error(s).max() < 0.05 * a.abs().max(), f"{name}: too few samples"
         z = z_scores(s, a, error)
         assert z.max() < z_max, f"{name}: max z {z.max():.2f}\n{z}"
     return k, error
@@ -51,7 +54,7 @@ def test_batchnorm_with_trained_statistics_before_relu_matches_monte_carlo():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv1d(2, 32, 2), trained(nn.BatchNorm1d(32), 0), nn.ReLU(),
                           nn.Flatten(), nn.Linear(32 * 3, 64))
-    _, error = check(model, torch.randn(3, 2, 4, dtype=torch.float64), 200)
+    _, error = check(model, torch.randn(3, 2, 4, dtype=torch.float64), 100)
     assert error > 0
 
 
@@ -67,7 +70,7 @@ def test_fresh_batchnorm_before_relu_is_closed_form():
     x = torch.randn(3, 2, 3, 3, dtype=torch.float64)
     relu = ntbridge.nngp(nn.Sequential(with_bn[:3]), x)
     torch.testing.assert_close(relu, ntbridge.nngp(plain, x) / 1.25, rtol=1e-12, atol=0)
-    _, error = check(with_bn, x, 200)
+    _, error = check(with_bn, x, 100)
     assert error < 1e-12  # every replicate the same: no numerical expectation
 
 
@@ -91,7 +94,7 @@ def reduced_resnet(block: str, statistics: str, width: int) -> nn.Module:
     (the second with its strided downsample shortcut), eval mode, BatchNorm fresh or trained."""
     from torchvision_resnets import BasicBlock, Bottleneck, ResNet, trained_statistics
 
-    model = ResNet({"basic": BasicBlock, "bottleneck": Bottleneck}[block], [1, 1], 8, width)
+    model = ResNet({"basic": BasicBlock, "bottleneck": Bottleneck}[block], [1, 1], 64, width)
     return trained_statistics(model, 3) if statistics == "trained" else model.eval()
 
 
@@ -102,7 +105,8 @@ def test_reduced_resnet_matches_monte_carlo_at_its_own_width(block, statistics):
     global average pooling, Linear: NNGP and NTK at the model's own width."""
     torch.manual_seed(3)
     model = reduced_resnet(block, statistics, 32 if block == "basic" else 16)
-    check(model, torch.randn(3, 3, 8, 8, dtype=torch.float64), 100)
+    # the bottleneck's reported error is not trusted (test_replicates_of_a_bottleneck): none
+    check(model, torch.randn(3, 3, 8, 8, dtype=torch.float64), 100, reported=block == "basic")
 
 
 def test_refusals_name_the_module_and_what_works():
@@ -119,3 +123,14 @@ def test_refusals_name_the_module_and_what_works():
         ntbridge.nngp(model, x)
     with pytest.raises(ntbridge.errors.InputError, match="expectation_points must be a power of 2"):
         ntbridge.nngp(model[:2], x, expectation_points=100)
+
+
+@pytest.mark.xfail(strict=True, reason="one replicate of this program comes out wrong on XLA's "
+                   "CPU backend (jax 0.10.2): entry (1, 1) after the second stage's residual sum "
+                   "at twice its value, right at --xla_backend_optimization_level=0 or when the "
+                   "program also returns that sum's samples; the reported error is then too large")
+def test_replicates_of_a_bottleneck():
+    torch.manual_seed(3)
+    model = reduced_resnet("bottleneck", "fresh", 16).double()
+    x = torch.randn(3, 3, 8, 8, dtype=torch.float64)
+    assert ntbridge.expectation_error(model, x) < 0.02

@@ -124,8 +124,16 @@ def normals(k: Kernel, rule: Rule, dims: int, offset: int) -> jax.Array:
         z = rng.standard_normal((rule.replicates, rule.points, dims))
     else:
         z = _points(rule, block)[..., start:start + dims]
-    z = jnp.asarray(z, k.nngp.dtype)
-    return z.reshape(-1, dims) if k.replicate is None else jnp.take(z, k.replicate, 0)
+    return _replicate(k, jnp.asarray(z, k.nngp.dtype))
+
+
+def _replicate(k: Kernel, a: jax.Array) -> jax.Array:
+    """``a`` ``(replicates, points, ...)``: every replicate's entries in one axis, or those of
+    ``k.replicate`` (a traced index: selected by a one-hot product, exact, not by a gather)."""
+    if k.replicate is None:
+        return a.reshape(-1, *a.shape[2:])
+    pick = jnp.arange(a.shape[0]) == k.replicate
+    return jnp.sum(jnp.where(pick.reshape(-1, *[1] * (a.ndim - 1)), a, 0), 0)
 
 
 @functools.lru_cache(maxsize=64)
@@ -146,9 +154,8 @@ def _channel_table(rule: Rule, channels: int) -> tuple[np.ndarray, np.ndarray]:
 def channels_of(k: Kernel, rule: Rule) -> tuple[jax.Array, jax.Array]:
     """Each sample's channel ``(S,)`` (ints) and weight ``(S,)``, as :func:`normals` orders them."""
     index, weight = _channel_table(rule, k.shape1[k.channel_axis])
-    pick = lambda a, dtype: (jnp.asarray(a.reshape(-1), dtype) if k.replicate is None
-                             else jnp.take(jnp.asarray(a, dtype), k.replicate, 0))
-    return pick(index, jnp.int32), pick(weight, k.nngp.dtype)
+    return (_replicate(k, jnp.asarray(index, jnp.int32)),
+            _replicate(k, jnp.asarray(weight, k.nngp.dtype)))
 
 
 def _pairs(c, q1, q2, z):
@@ -204,8 +211,8 @@ def apply_ops(ops: tuple[Any, ...], s: Samples, index: jax.Array) -> Samples:
 
 
 def _mean(x: jax.Array, weight: jax.Array) -> jax.Array:
-    w = weight.reshape(-1, *[1] * (x.ndim - 1))
-    return jnp.sum(w * x, 0) / jnp.sum(weight)
+    """The weighted mean over the samples (axis 0), as a product with the weights."""
+    return jnp.tensordot(weight / jnp.sum(weight), x, (0, 0), precision=jax.lax.Precision.HIGHEST)
 
 
 def sampled_kernel(k: Kernel, sources: Sources, samples: Samples) -> Kernel:
