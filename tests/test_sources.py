@@ -48,6 +48,7 @@ def check(model: nn.Module, x: torch.Tensor, samples: int, z_max: float = 5.0,
     return k, error
 
 
+@pytest.mark.slow  # 2 s or more
 def test_batchnorm_with_trained_statistics_before_relu_matches_monte_carlo():
     """conv -> BN (every channel its own scale, shift and mean) -> ReLU: a numerical expectation
     (the channels' shifts), NNGP and NTK with gamma's and beta's terms."""
@@ -74,6 +75,7 @@ def test_fresh_batchnorm_before_relu_is_closed_form():
     assert error < 1e-12  # every replicate the same: no numerical expectation
 
 
+@pytest.mark.slow  # 2 s or more
 @pytest.mark.parametrize("pool", [nn.MaxPool2d(3, 2, 1), nn.AdaptiveMaxPool2d((2, 1)),
                                   nn.MaxPool1d(3, stride=2, padding=1, dilation=2, ceil_mode=True)],
                          ids=repr)
@@ -98,6 +100,7 @@ def reduced_resnet(block: str, statistics: str, width: int) -> nn.Module:
     return trained_statistics(model, 3) if statistics == "trained" else model.eval()
 
 
+@pytest.mark.slow  # 2 s or more
 @pytest.mark.parametrize("block,statistics", [("basic", "trained"), ("bottleneck", "fresh")])
 def test_reduced_resnet_matches_monte_carlo_at_its_own_width(block, statistics):
     """Stem (conv, BN, ReLU, MaxPool), a BasicBlock/Bottleneck (ReLU after ``out + identity``, the
@@ -125,6 +128,7 @@ def test_refusals_name_the_module_and_what_works():
         ntbridge.nngp(model[:2], x, expectation_points=100)
 
 
+@pytest.mark.slow  # 2 s or more
 @pytest.mark.xfail(strict=True, reason="one replicate of this program comes out wrong on XLA's "
                    "CPU backend (jax 0.10.2): entry (1, 1) after the second stage's residual sum "
                    "at twice its value, right at --xla_backend_optimization_level=0 or when the "
