@@ -15,11 +15,11 @@ from torch import nn
 from ..dlpack import check_module, model_dtype
 from ..errors import InputError
 from ..stax.description import describe
+from ..stax.sources import SAMPLING
 from . import (activations, aggregation, attention, conv, embedding, encoder,  # noqa: F401
                indexing, linear, normalization, pooling, positions, products,  # (converters)
                resize, structure)
 from .graph import Graph, Node, make_node
-from ..stax.sources import SAMPLING
 from .registry import (ATTENTION_POINTS, EXPECTATION_POINTS, Options, StdOption, as_float,
                        find_converter)
 from .reuse import check_reuse, children
@@ -76,6 +76,9 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
       attention_points: the points of each of the 8 replicates of softmax attention's numerical
         expectation (a power of 2): its error falls about as ``points**-1/2`` and its time grows
         as ``points`` (``ntbridge.expectation_error`` reports the error).
+      expectation_points: the points of each of the 8 replicates of the numerical expectations of
+        non-Gaussian inputs (BatchNorm with shifts before a nonlinearity, nonlinearities after
+        residual sums, MaxPool: ``ntbridge.stax.sources``), a power of 2; the same trade-off.
       shared_weights: ``"auto"`` (the kernel of the model as torch initialises it: an
         ``nn.TransformerEncoder`` whose layers hold equal weights, torch's deep copies of one
         layer, gets the kernel of layers sharing one set of weights, ``ntbridge.stax.tied``;
