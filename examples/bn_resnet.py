@@ -7,10 +7,10 @@ sqrt(running_var_c + eps)``, ``d_c = beta_c - a_c running_mean_c``). Its kernel 
 input is a convolution's output (i.i.d. zero-mean Gaussian channels at infinite width) and its
 output feeds an affine layer, whose independent weights average the channels again: the kernel
 scales by the channel mean of ``a**2`` and gains that of ``d**2``. A nonlinearity right after it
-would see channels of different scales and means (no longer identically distributed), so ntbridge
-refuses ``conv -> BN -> ReLU`` unless the buffers are uniform (``affine=False``, the same variance
-on every channel, zero means). The blocks here are therefore ordered ``BN -> conv -> ReLU ->
-conv`` with the identity skip around them, ``h + conv2(relu(conv1(bn(h))))``, a pre-activation
+sees channels of different scales and means (no longer identically distributed): ntbridge computes
+``conv -> BN -> ReLU`` as a numerical expectation then (``examples/resnet_kernel.py``, torchvision's
+layout), in closed form only without shifts. The blocks here keep every rule exact: they are
+ordered ``BN -> conv -> ReLU -> conv`` with the identity skip around them, ``h + conv2(relu(conv1(bn(h))))``, a pre-activation
 block whose first nonlinearity comes after the convolution instead of before it; each BN reads a
 sum of convolutions (Gaussian), and a last BN before the Flatten + Linear head normalises the
 final map.

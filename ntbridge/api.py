@@ -23,7 +23,7 @@ from torch import nn
 
 from . import pipeline
 from .converters import batch_statistics
-from .converters.registry import ATTENTION_POINTS, StdOption
+from .converters.registry import ATTENTION_POINTS, EXPECTATION_POINTS, StdOption
 from .dlpack import check_module
 from .empirical import sample_counts
 from .empirical.reinit import sample_seed  # noqa: F401  (public: the seeding of samples)
@@ -38,7 +38,8 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
            get: str | Sequence[str] = ("nngp", "ntk"), *, parameterization: str = "standard",
            init: str = "torch", W_std: StdOption = None, b_std: StdOption = None,
            attention: str = "softmax", attention_points: int = ATTENTION_POINTS,
-           shared_weights: str = "auto", batch_size: int | None = None, device_count: int = -1,
+           shared_weights: str = "auto", expectation_points: int = EXPECTATION_POINTS,
+           batch_size: int | None = None, device_count: int = -1,
            store_on_device: bool = True, progress: bool | None = None, out: str | None = None,
            by_layer: bool = False, return_info: bool = False):
     """Infinite-width NNGP and/or NTK of ``model``'s architecture, in closed form.
@@ -51,9 +52,11 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
         exactly symmetric).
       get: ``"nngp"``, ``"ntk"`` (returns a tensor) or a sequence of them (returns a named tuple
         ``Kernels(nngp, ntk)``, entries not asked for being None).
-      parameterization, init, W_std, b_std, attention, attention_points, shared_weights: see
-        ``ntbridge.convert`` (attention: torch's softmax attention, whose expectation is numerical
-        with ``attention_points`` points per replicate, or the ``"linear"`` variant).
+      parameterization, init, W_std, b_std, attention, attention_points, shared_weights,
+        expectation_points: see ``ntbridge.convert`` (attention: torch's softmax attention, whose
+        expectation is numerical with ``attention_points`` points per replicate, or the
+        ``"linear"`` variant; expectation_points: those of the numerical rules of non-Gaussian
+        inputs, BatchNorm with shifts before a nonlinearity, residual sums, MaxPool).
       batch_size, device_count, store_on_device, progress, out: tiling over (N1, N2), devices,
         where the result is kept, a progress bar, and a ``.npy`` file to write it to (resumable);
         see ``ntbridge.tiling.Batching``.
@@ -76,7 +79,8 @@ def kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
                           dict(parameterization=parameterization, init=init, W_std=W_std,
                                b_std=b_std, attention=attention,
                                attention_points=attention_points,
-                               shared_weights=shared_weights)))
+                               shared_weights=shared_weights,
+                               expectation_points=expectation_points)))
     result = outcome.result if isinstance(get, str) else Kernels(*outcome.result)
     if outcome.info is not None:  # by_layer on a chain: the NNGP and each module's contribution
         nngp, parts = outcome.result

@@ -21,11 +21,12 @@ EXPECTED = {
     "graph_network.py": "each example's own graph, forward(x, adjacency): test accuracy",
     "gp_fit.py": "learn=('weight_std', 'bias_std'): weight_std",
     "node_classification.py": "GCN trained (width 64, Adam): accuracy",
+    "resnet_kernel.py": "ResNet-18 layout at infinite width",
 }
 WRITES = {"width_analysis.py": {"width_analysis.png", "width_analysis.csv"},  # into --out
           "kernel_distillation.py": {"kernel_distillation.png"}}
 NEEDS_SKLEARN = {"kernel_regression.py", "kernel_distillation.py", "training_dynamics.py", "unet.py",
-                 "bn_resnet.py", "node_classification.py"}
+                 "bn_resnet.py", "node_classification.py", "resnet_kernel.py"}
 
 
 @pytest.mark.slow

@@ -57,7 +57,7 @@ def sequentials(draw) -> Case:
     spatial = draw(st.integers(0, 2))
     shape = (draw(st.integers(1, 4)), *[draw(st.integers(3, 7)) for _ in range(spatial)])
     x = torch.randn(n, *shape, generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
-    layers, gaussian, analytic = [], False, True
+    layers, state, analytic = [], "other", True
     for _ in range(draw(st.integers(1, 6))):
         current = _shape_after(layers, x)
         kind = draw(st.sampled_from(["affine", "affine", "activation", "layernorm", "dropout"]
@@ -84,10 +84,14 @@ def sequentials(draw) -> Case:
         if _shape_after([*layers, layer], x) is None:
             continue  # e.g. a convolution wider than its input
         layers.append(layer)
-        if kind in ("activation", "layernorm"):
-            analytic &= gaussian
-        analytic &= kind != "maxpool"
-        gaussian = kind == "affine" or (gaussian and kind in ("layernorm", "dropout", "avgpool"))
+        # what the input is: Gaussian, an elementwise map of a Gaussian ("pointwise", whose
+        # windows MaxPool's rule draws), samples of sources (after MaxPool) or none of these
+        analytic &= {"activation": state != "other", "layernorm": state == "gaussian",
+                     "maxpool": state in ("gaussian", "pointwise")}.get(kind, True)
+        state = {"affine": "gaussian", "maxpool": "sampled", "dropout": state,
+                 "layernorm": state, "avgpool": "gaussian" if state == "gaussian" else "other",
+                 "activation": "pointwise" if state in ("gaussian", "pointwise") else "sampled",
+                 }[kind]
     current = _shape_after(layers, x)
     if len(current) > 1:  # a head: flatten (or global average pool), then a Linear
         if draw(st.booleans()):

@@ -64,8 +64,7 @@ def test_works_for_a_model_with_maxpool():
     est = ntbridge.monte_carlo(net, x, n_samples=20)
     assert est.mean.shape == (4, 4) and torch.isfinite(est.mean).all()
     assert (est.standard_error > 0).all()
-    with pytest.raises(ntbridge.errors.UnsupportedLayerError, match="MaxPool2d"):
-        ntbridge.ntk(net, x)
+    assert torch.isfinite(ntbridge.ntk(net, x)).all()  # and an analytic rule (stax/maxpool.py)
 
 
 def test_bad_sample_counts():

@@ -15,11 +15,13 @@ from torch import nn
 from ..dlpack import check_module, model_dtype
 from ..errors import InputError
 from ..stax.description import describe
+from ..stax.sources import SAMPLING
 from . import (activations, aggregation, attention, conv, embedding, encoder,  # noqa: F401
                indexing, linear, normalization, pooling, positions, products,  # (converters)
                resize, structure)
 from .graph import Graph, Node, make_node
-from .registry import ATTENTION_POINTS, Options, StdOption, as_float, find_converter
+from .registry import (ATTENTION_POINTS, EXPECTATION_POINTS, Options, StdOption, as_float,
+                       find_converter)
 from .reuse import check_reuse, children
 from .trace import fx_nodes
 
@@ -52,7 +54,8 @@ def _check_uniform(model: nn.Module) -> None:
 
 def convert(model: nn.Module, *, parameterization: str = "standard", init: str = "torch",
             W_std: StdOption = None, b_std: StdOption = None, attention: str = "softmax",
-            attention_points: int = ATTENTION_POINTS, shared_weights: str = "auto") -> Graph:
+            attention_points: int = ATTENTION_POINTS, shared_weights: str = "auto",
+            expectation_points: int = EXPECTATION_POINTS) -> Graph:
     """Translate ``model`` into a :class:`Graph` (``init_fn``, ``apply_fn``, ``kernel_fn``, ``params``).
 
     Args:
@@ -73,6 +76,9 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
       attention_points: the points of each of the 8 replicates of softmax attention's numerical
         expectation (a power of 2): its error falls about as ``points**-1/2`` and its time grows
         as ``points`` (``ntbridge.expectation_error`` reports the error).
+      expectation_points: the points of each of the 8 replicates of the numerical expectations of
+        non-Gaussian inputs (BatchNorm with shifts before a nonlinearity, nonlinearities after
+        residual sums, MaxPool: ``ntbridge.stax.sources``), a power of 2; the same trade-off.
       shared_weights: ``"auto"`` (the kernel of the model as torch initialises it: an
         ``nn.TransformerEncoder`` whose layers hold equal weights, torch's deep copies of one
         layer, gets the kernel of layers sharing one set of weights, ``ntbridge.stax.tied``;
@@ -87,7 +93,7 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     check_module(model)
     _check_uniform(model)
     options = Options(parameterization, init, W_std, b_std, attention, attention_points,
-                      shared_weights)
+                      shared_weights, expectation_points)
     leaves = list(_leaves(model))
     if any(_is_user_container(module) for _, module in leaves):
         nodes = fx_nodes(model, options)
@@ -98,7 +104,8 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     if options.shared_weights == "auto":
         check_reuse(nodes)
     return Graph(nodes, model_dtype(model), _signature(options, nodes, True),
-                 _signature(options, nodes, False))
+                 _signature(options, nodes, False),
+                 SAMPLING._replace(points=options.expectation_points))
 
 
 def _signature(options: Options, nodes: list[Node], values: bool) -> tuple:
@@ -107,5 +114,6 @@ def _signature(options: Options, nodes: list[Node], values: bool) -> tuple:
     hyper-parameters), its parameters' names and its inputs."""
     hyper = lambda n: tuple(sorted((k, as_float(v) if isinstance(v, torch.Tensor) else v)
                                    for k, v in n.hyper.items() if values or k not in n.layer.hyper))
-    return options.parameterization, options.attention, options.attention_points, tuple(
+    return options.parameterization, options.attention, options.attention_points, \
+        options.expectation_points, tuple(
         (n.name, describe(n.layer, values), hyper(n), n.param_names, n.inputs) for n in nodes)

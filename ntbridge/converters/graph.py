@@ -16,7 +16,7 @@ from ..dlpack import precision, to_jax
 from ..errors import InitMismatchWarning, InputError, NtbridgeError, UnsupportedLayerError, warn
 from ..results import Kernels
 from ..specs import KERNEL_NAMES
-from ..stax import INPUT, Layer, dag
+from ..stax import INPUT, Layer, Rule, dag
 from ..stax.covariances import evaluate
 from ..stax.kernel import swap_perm
 from ..tiling.arrays import symmetrize
@@ -181,11 +181,12 @@ class Graph:
     path = "layers"  # how the empirical kernels name this route (vs "torch.export")
 
     def __init__(self, nodes: list[Node], dtype: torch.dtype, signature: tuple,
-                 architecture: tuple):
+                 architecture: tuple, sampling: Rule | None = None):
         self.layers, self._dtype = tuple(nodes), dtype
         self.signature, self.architecture = signature, architecture
         self.hyper = tuple(_hyper_values(n) for n in nodes)
-        self.network = dag([_located(n.layer, n.where) for n in nodes], [n.inputs for n in nodes])
+        self.network = dag([_located(n.layer, n.where) for n in nodes],
+                           [n.inputs for n in nodes])._replace(sampling=sampling)
         layout = tuple(tuple((p, n.key(p)) for p in n.param_names) for n in nodes)
         self.apply_fn = functools.partial(_apply, self.network, layout)
         """The model's forward pass ``apply_fn(params, x)``, ``(N, *input) -> (N, *output)``."""

@@ -13,6 +13,7 @@ from torch import nn
 
 from ..errors import InputError, InputTypeError
 from ..stax import PARAMETERIZATIONS, Layer, Rule
+from ..stax.sources import SAMPLING
 
 Converter = Callable[[nn.Module, "Context"], Layer]
 CONVERTERS: dict[type, Converter] = {}
@@ -21,6 +22,7 @@ INITS = ("torch", "infer")
 ATTENTIONS = ("softmax", "linear")  # torch's 1/sqrt(d) attention, or the tied 1/d variant
 SHARED_WEIGHTS = ("auto", "independent")  # layers holding one set of weights: tied, or not
 ATTENTION_POINTS = Rule().points  # the default of attention_points: the rule's own
+EXPECTATION_POINTS = SAMPLING.points  # the default of expectation_points: the sources' rule's
 
 
 def register(module_type: type) -> Callable[[Converter], Converter]:
@@ -112,17 +114,20 @@ class Options:
     attention: str = "softmax"
     attention_points: int = ATTENTION_POINTS
     shared_weights: str = "auto"
+    expectation_points: int = EXPECTATION_POINTS
     used_names: set = dataclasses.field(default_factory=set)
 
     def __post_init__(self):
         if self.attention not in ATTENTIONS:
             raise InputError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}.")
-        points = self.attention_points
-        if isinstance(points, bool) or not isinstance(points, int) or points < 2 or points & (
-                points - 1):
-            raise InputError(f"attention_points must be a power of 2 (scrambled Sobol points "
-                             f"come balanced in those), at least 2, got {points!r}; e.g. "
-                             f"{ATTENTION_POINTS} (the default) or 128.")
+        for name, default in (("attention_points", ATTENTION_POINTS),
+                              ("expectation_points", EXPECTATION_POINTS)):
+            points = getattr(self, name)
+            if isinstance(points, bool) or not isinstance(points, int) or points < 2 or points & (
+                    points - 1):
+                raise InputError(f"{name} must be a power of 2 (scrambled Sobol points come "
+                                 f"balanced in those), at least 2, got {points!r}; e.g. "
+                                 f"{default} (the default) or 128.")
         if self.parameterization not in PARAMETERIZATIONS:
             raise InputError(f"parameterization must be one of {PARAMETERIZATIONS}, "
                              f"got {self.parameterization!r}.")

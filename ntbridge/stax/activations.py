@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import InputError, UnsupportedLayerError
 from .arccos import (SelfRule, ab_relu_rule, ab_relu_self_rule, rectified_monomial_rule,
@@ -30,28 +31,26 @@ from .layers import Layer
 from .piecewise import Pieces, piecewise_rule, quadrature_rule
 from .polar import polar_rule
 from .quadrature import Corrected, Rule, corrected_rule, smooth_rule
+from .sources import SAMPLING, Sources, centred_map, pointwise, rule_of
 
 
 def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
-                self_rule: SelfRule | None = None) -> Layer:
+                self_rule: SelfRule | None = None, homogeneous: bool = False) -> Layer:
     """A layer applying ``fn`` to each entry, with kernel rule ``rule`` and self rule ``self_rule``
     (default: ``rule(q, q, q)[0]``), see the module doc.
 
     The self rule gives each example's covariance with itself where it holds variances only
     (vectors, or same-position covariances); with every pair of positions it has covariances of
-    distinct positions too, and ``rule`` gives it. The rule needs Gaussian inputs: after a
-    nonlinearity (e.g. ReLU after ReLU) it raises :class:`~ntbridge.errors.UnsupportedLayerError`.
+    distinct positions too, and ``rule`` gives it. The rule needs Gaussian inputs; an input made of
+    Gaussian sources otherwise (after eval-mode BatchNorm with channel-dependent statistics, a
+    residual sum with a non-Gaussian identity, MaxPool, another nonlinearity) has its kernel
+    computed numerically (:mod:`.sources`), or, for ``homogeneous`` ``fn`` (``f(a x) = a f(x)``
+    for ``a > 0``: ReLU, LeakyReLU, Abs) after BatchNorm without shifts, in closed form
+    (:func:`_centred_channels`). Other inputs raise :class:`~ntbridge.errors.UnsupportedLayerError`.
     """
     own = self_rule or (lambda q: rule(q, q, q)[0])
 
-    def kernel_fn(k: Kernel) -> Kernel:
-        if not k.is_gaussian:
-            raise UnsupportedLayerError(
-                f"{name}'s kernel rule needs a Gaussian input (the output of a Linear/Conv "
-                f"layer), but its input is the output of a nonlinearity, the raw data, or a map "
-                f"whose channels differ or carry their own gradients (e.g. eval-mode BatchNorm "
-                f"with channel-dependent statistics or a trained weight); put an affine layer "
-                f"before it, or use ntbridge.empirical_ntk / ntbridge.monte_carlo.")
+    def gaussian_rule(k: Kernel) -> Kernel:
         q = variances(k)
         nngp, dot = rule(k.nngp, *q["nngp"])
         pairs = not k.diagonal_spatial and k.spatial_shape
@@ -59,10 +58,44 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
         cov1 = covariance(k.cov1, "cov1")
         return k.replace(
             nngp=nngp, ntk=None if k.ntk is None else k.ntk * dot, cov1=cov1,
-            cov2=cov1 if k.x1_is_x2 else covariance(k.cov2, "cov2"), is_gaussian=False)
+            cov2=cov1 if k.x1_is_x2 else covariance(k.cov2, "cov2"), is_gaussian=False,
+            sources=Sources(base=k, ops=(fn,), rule=rule_of(k)))
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        if k.is_gaussian:
+            return gaussian_rule(k)
+        if k.sources is None:
+            raise UnsupportedLayerError(
+                f"{name}'s kernel rule needs a Gaussian input (the output of a Linear/Conv "
+                f"layer) or one made of Gaussian sources by layers with rules for them, but its "
+                f"input is the raw data or the output of a map that mixes positions or examples "
+                f"after a nonlinearity; put an affine layer before it, or use "
+                f"ntbridge.empirical_ntk / ntbridge.monte_carlo.")
+        if homogeneous and centred_map(k) is not None:
+            return _centred_channels(k, fn, gaussian_rule)
+        return pointwise(k, fn, name)
 
     return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: fn(x), kernel_fn,
-                 features=elementwise_features(fn))
+                 features=elementwise_features(fn), replicates=SAMPLING.replicates)
+
+
+def _centred_channels(k: Kernel, fn: Callable, gaussian_rule: Callable[[Kernel], Kernel]):
+    """A homogeneous ``f`` after eval-mode BatchNorm without shifts (:func:`centred_map`), in
+    closed form: with ``y_c = a_c h``, ``E[f(y_c) f(y'_c)] = a_c**2 E[f(h) f(h')]`` and
+    ``E[f'(y_c) f'(y'_c)] = E[f'(h) f'(h')]`` (the law of ``(h, h')`` is symmetric), so the NNGP
+    and covariances scale by ``mean(a**2)``; the NTK is ``mean(a**2) E[f'f'] Theta``, plus for a
+    trained ``gamma`` ``mean(1 / s**2) E[f(h) f(h')]`` (``f'(y) h = f(y) / a``: Euler) and for a
+    trained ``beta`` ``E[f'f']``. Fresh buffers give the plain rule times ``1 / (1 + eps)``."""
+    base, cmap = k.sources.base, k.sources.ops[0]
+    plain = gaussian_rule(base if base.ntk is None else base.replace(
+        ntk=jnp.ones_like(base.ntk), sources=base.sources))
+    a2 = float(np.mean(np.square(cmap.a)))
+    ntk = None
+    if base.ntk is not None:
+        ntk = a2 * plain.ntk * base.ntk + float(cmap.beta) * plain.ntk
+        ntk = ntk + float(np.mean(1 / np.square(cmap.s))) * plain.nngp if cmap.gamma else ntk
+    return k.replace(nngp=a2 * plain.nngp, ntk=ntk, cov1=a2 * plain.cov1, cov2=a2 * plain.cov2,
+                     is_gaussian=False, sources=Sources(base=base, ops=(cmap, fn)))
 
 
 def numerical_rule(fn: Callable[[jax.Array], jax.Array], kinks: Sequence[float] = (),
@@ -121,7 +154,7 @@ def RectifiedMonomial(k: int) -> Layer:
 
 def _ab_relu(fn: Callable[[jax.Array], jax.Array], a: float, b: float, name: str) -> Layer:
     """``fn``, which is ``a * min(x, 0) + b * max(x, 0)``, with its rule and self rule."""
-    return elementwise(fn, ab_relu_rule(a, b), name, ab_relu_self_rule(a, b))
+    return elementwise(fn, ab_relu_rule(a, b), name, ab_relu_self_rule(a, b), homogeneous=True)
 
 
 def ABRelu(a: float, b: float, name: str = "ABRelu") -> Layer:

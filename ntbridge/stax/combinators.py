@@ -11,6 +11,7 @@ from ..errors import ShapeError, UnsupportedLayerError
 from .features import linear_features
 from .kernel import Kernel, spatial_axes
 from .layers import Layer, with_hyper
+from .sources import SAMPLING, centred_map, sum_sources
 
 INPUT = -1  # in ``dag``, the index that stands for the network's input
 
@@ -164,7 +165,10 @@ def FanInSum() -> Layer:
 
     Kernel rule: the sum of the branches' NNGPs and NTKs, exact when the branches' outputs are
     uncorrelated in the infinite-width limit, e.g. when one branch ends in an affine layer with
-    zero-mean weights that the other does not depend on (``h + Linear(relu(h))``). It is *not*
+    zero-mean weights that the other does not depend on (``h + Linear(relu(h))``). Where the
+    branches are made of Gaussian sources (:mod:`.sources`), the sum records their samples for the
+    rules after it (a nonlinearity after ``identity + branch``), and where several are not
+    centred (``relu(h) + BatchNorm(conv(relu(h)))``) its kernel is their samples' moments. It is *not*
     exact when both are deterministic functions of one value (``h + relu(h)``, ``h + h``): the
     cross-covariance is missing. ``ntbridge.convert`` detects that case and refuses it.
 
@@ -178,10 +182,24 @@ def FanInSum() -> Layer:
 
     def kernel_fn(ks):
         same_shapes([k.shape1 for k in ks])
-        return _combine(ks, [1.0] * len(ks), all(k.is_gaussian for k in ks))
+        out = _combine(ks, [1.0] * len(ks), all(k.is_gaussian for k in ks))
+        others = [k for k in ks if not k.is_gaussian]
+        if others and all(k.sources is not None for k in others):
+            if len(others) == 1:  # the others are centred: the sum of kernels is exact
+                return out.replace(sources=sum_sources(ks).sources)
+            return sum_sources(ks)
+        if any(k.sources is not None and centred_map(k) is None for k in others):
+            raise UnsupportedLayerError(
+                "a sum of a branch with a nonzero mean (a nonlinearity's output, or BatchNorm's "
+                "with shifts) and a non-Gaussian branch made of no Gaussian sources (the raw "
+                "data, or a layer mixing positions after a nonlinearity): their kernels' sum "
+                "misses the product of their means, and the sampled rule has no samples of the "
+                "second. Use ntbridge.monte_carlo.")
+        return out
 
     apply_fn = lambda params, xs: sum(xs[1:], xs[0])
-    return Layer(init_fn, apply_fn, kernel_fn, affine=True, features=linear_features(apply_fn))
+    return Layer(init_fn, apply_fn, kernel_fn, affine=True, features=linear_features(apply_fn),
+                 replicates=SAMPLING.replicates)
 
 
 def _join_positions(arrays: Sequence[jax.Array], n_batch: int, d: int, sizes: Sequence[int],

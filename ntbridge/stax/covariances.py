@@ -30,7 +30,8 @@ def inputs_kernel(network: Layer, x1: jax.Array, x2: jax.Array | None, compute_n
                   diagonal_spatial: bool) -> Kernel:
     """The kernel of the raw inputs in the layout ``network`` reads them (see ``Layer``)."""
     make = network.input_kernel or input_kernel
-    return make(x1, x2, compute_ntk=compute_ntk, diagonal_spatial=diagonal_spatial)
+    k = make(x1, x2, compute_ntk=compute_ntk, diagonal_spatial=diagonal_spatial)
+    return k if network.sampling is None else k.replace(sampling=network.sampling)
 
 
 def own_covariances(network: Layer, x: jax.Array, diagonal_spatial: bool,
@@ -69,7 +70,8 @@ def with_covariances(covs1: Covariances, covs2: Covariances) -> After:
     """
 
     def after(i, out):
-        return jax.tree.map(lambda k, c1, c2: k.replace(cov1=c1, cov2=c2), out, covs1[i],
+        return jax.tree.map(lambda k, c1, c2: k.replace(cov1=c1, cov2=c2, sources=k.sources),
+                            out, covs1[i],
                             covs2[i], is_leaf=_is_kernel)
 
     return after

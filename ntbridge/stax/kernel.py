@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import string
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from ..errors import ShapeError
+
+
+_DESCRIBED = {"nngp", "ntk", "cov1", "cov2", "shape1", "shape2", "diagonal_spatial", "tokens"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +48,8 @@ class Kernel:
         its error estimated from their spread (``covariances.evaluate_error``).
       ids1, ids2: the token ids ``(N1, T)``, ``(N2, T)`` when this is the kernel of a model's
         input ids (None otherwise): what per-example masks (``key_padding_mask``) are made of.
+      sources: how non-Gaussian outputs are made of Gaussian sources (``stax.sources.Sources``).
+      sampling: the network's rule of their expectations (``Layer.sampling``; None: default).
       adjacency1, adjacency2: each example's graph ``(N1, V, V)``, ``(N2, V, V)`` when this is the
         kernel of a graph model's inputs (``stax.aggregation.node_features_kernel``; None otherwise): what
         per-example aggregations (``stax.aggregation.InputAggregate``) weigh the nodes with.
@@ -64,8 +70,14 @@ class Kernel:
     ids2: jax.Array | None = None
     adjacency1: jax.Array | None = None
     adjacency2: jax.Array | None = None
+    sources: Any = None
+    sampling: Any = None
 
     def replace(self, **changes) -> "Kernel":
+        """A copy with ``changes``; changing kernels or shapes drops ``sources`` unless given
+        (a layer without a rule for them makes outputs they do not describe)."""
+        if "sources" not in changes and _DESCRIBED.intersection(changes):
+            changes["sources"] = None
         return dataclasses.replace(self, **changes)
 
     @property
@@ -85,8 +97,9 @@ class Kernel:
 jax.tree_util.register_dataclass(
     Kernel,
     data_fields=["nngp", "ntk", "cov1", "cov2", "replicate", "ids1", "ids2", "adjacency1",
-                 "adjacency2"],
-    meta_fields=["shape1", "shape2", "x1_is_x2", "is_gaussian", "diagonal_spatial", "tokens"],
+                 "adjacency2", "sources"],
+    meta_fields=["shape1", "shape2", "x1_is_x2", "is_gaussian", "diagonal_spatial", "tokens",
+                 "sampling"],
 )
 
 

@@ -27,6 +27,9 @@ A layer is a tiny stax triple plus what it requires of its input kernel:
   channels-first layout is wrapped in :func:`channels_first`, which refuses sequences.
 * ``replicates``: for a rule that is a numerical expectation, its number of independent
   replicates (``Kernel.replicate`` picks one); 0 for exact rules (a network: its layers' largest).
+* ``sampling``: a network's rule (a :class:`~ntbridge.stax.softmax_moments.Rule`) for the
+  numerical expectations of non-Gaussian inputs (:mod:`ntbridge.stax.sources`), carried by its
+  input kernel (``Kernel.sampling``; None: the default rule).
 * ``features``: optional, ``features(channels, sampler) -> Channels``, the layer's random-feature
   map (:mod:`ntbridge.stax.features`): F random channels of its output ``(N, F, *positions)``
   from those of its input (a :class:`~ntbridge.stax.features.Channels`, or a tuple of them for
@@ -105,6 +108,7 @@ class Layer(NamedTuple):
     input_kernel: Callable[..., Kernel] | None = None
     replicates: int = 0
     features: Features | None = None
+    sampling: Any = None
 
 
 def with_hyper(layer: Layer, hyper: Any = None) -> Callable[[Kernel], Kernel]:

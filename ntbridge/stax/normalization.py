@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel, _diagonal_variances
 from .layers import Layer, channels_first
+from .sources import SAMPLING, ChannelMap, Sources, pointwise, rule_of
 
 
 def LayerNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | None = None,
@@ -118,23 +119,29 @@ class ChannelMoments(NamedTuple):
     uniform: bool
 
 
-def _eval_rule(moments: ChannelMoments):
+def _eval_rule(moments: ChannelMoments, cmap: ChannelMap | None):
     """Eval-mode BatchNorm's kernel rule (see :func:`BatchNorm`)."""
 
     def kernel_fn(k: Kernel) -> Kernel:
         if not k.is_gaussian:
+            if k.sources is not None and cmap is not None:
+                return pointwise(k, cmap, "BatchNorm")
             raise UnsupportedLayerError(
                 "eval-mode BatchNorm's kernel rule needs a zero-mean Gaussian input with i.i.d. "
-                "channels (the output of a Linear/Conv layer); put it right after one, or use "
+                "channels (the output of a Linear/Conv layer) or one made of Gaussian sources by "
+                "layers with rules for them (nonlinearities, residual sums, MaxPool); its input "
+                "here is neither: put it right after a Linear/Conv layer, or use "
                 "ntbridge.empirical_ntk / ntbridge.monte_carlo.")
         affine = lambda c: moments.scale2 * c + moments.shift2
         own = (0.0 if moments.weight is None else moments.weight[0] * k.nngp + moments.weight[1])
         ntk = None if k.ntk is None else moments.scale2 * k.ntk + own + float(moments.bias)
         # a trained gamma's gradient is the channel's own input, which a nonlinearity's derivative
-        # correlates with: the NTK rules of nonlinearities (carried NTK times E[f'f']) do not hold
+        # correlates with: a nonlinearity after it needs the channels' map (stax.sources)
         gaussian = moments.uniform and moments.weight is None
+        sources = (None if gaussian or cmap is None
+                   else Sources(base=k, ops=(cmap,), rule=rule_of(k)))
         return k.replace(nngp=affine(k.nngp), ntk=ntk, cov1=affine(k.cov1), cov2=affine(k.cov2),
-                         is_gaussian=gaussian)
+                         is_gaussian=gaussian, sources=sources)
 
     return kernel_fn
 
@@ -155,7 +162,8 @@ def _fresh(name: str, channels: int) -> jax.Array:
     return (jnp.ones if name in ("weight", "running_var") else jnp.zeros)((channels,))
 
 
-def BatchNorm(eps: float, moments: ChannelMoments | None, tensors: tuple[str, ...] = ()) -> Layer:
+def BatchNorm(eps: float, moments: ChannelMoments | None, tensors: tuple[str, ...] = (),
+              channel_map: ChannelMap | None = None) -> Layer:
     """torch's ``nn.BatchNormNd`` on ``(N, C, *S)``, normalising each channel.
 
     ``moments=None``: normalise with the batch's own mean and (biased) variance, as torch does in
@@ -196,8 +204,11 @@ def BatchNorm(eps: float, moments: ChannelMoments | None, tensors: tuple[str, ..
             y = y * params["weight"].reshape(shape)
         return y + params["bias"].reshape(shape) if "bias" in params else y
 
-    kernel_fn = _batch_statistics_refused if moments is None else _eval_rule(moments)
+    kernel_fn = _batch_statistics_refused if moments is None else _eval_rule(moments, channel_map)
+    samples = channel_map is not None and not (moments.uniform and moments.weight is None)
+
     def init_fn(key, input_shape):
         return tuple(input_shape), {name: _fresh(name, input_shape[1]) for name in tensors}
 
-    return channels_first(Layer(init_fn, apply_fn, kernel_fn))
+    return channels_first(Layer(init_fn, apply_fn, kernel_fn,
+                                replicates=SAMPLING.replicates if samples else 0))

@@ -4,7 +4,7 @@
 Average pooling is linear and separable: along spatial dim ``d`` it is a matrix ``M_d`` (out, in),
 so its kernel rule is ``nngp_out[s, s'] = sum_{i, i'} M[s, i] M[s', i'] nngp_in[i, i']`` per dim.
 It mixes different positions, so it needs the full spatial covariance (``full_spatial=True``).
-Max pooling has no closed-form kernel: its ``kernel_fn`` raises UnsupportedLayerError.
+Max pooling has no closed-form kernel: a numerical expectation (:mod:`.maxpool`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from .conv import as_tuple, check_spatial_input, contract, window_count, window_
 from .features import linear_features
 from .kernel import Kernel, map_arrays, spatial_axes
 from .layers import Layer, channels_first
+from .maxpool import adaptive_pool_windows, max_rule, pool_windows
+from .sources import SAMPLING
 
 Matrices = Callable[[tuple[int, ...]], list[np.ndarray]]
 
@@ -169,19 +171,16 @@ def AdaptiveAvgPool(output_size: Sequence[int | None]) -> Layer:
     return _with_features(separable_linear(ndim, matrices, f"AdaptiveAvgPool{ndim}d"))
 
 
-def _no_kernel(name: str) -> Callable[[Kernel], Kernel]:
-    def kernel_fn(k):
-        raise UnsupportedLayerError(
-            f"{name} has no closed-form infinite-width kernel (a maximum of Gaussians has none); "
-            f"use ntbridge.empirical_ntk for the finite model's kernel or ntbridge.monte_carlo to "
-            f"estimate the infinite-width one, or replace it by average pooling.")
-    return kernel_fn
-
-
 def MaxPool(kernel_size: Sequence[int], stride: Sequence[int] | int | None = None,
             padding: Sequence[int] | int = 0, dilation: Sequence[int] | int = 1,
             ceil_mode: bool = False) -> Layer:
-    """torch's ``nn.MaxPool{n}d``, ``n = len(kernel_size)``: forward only (no kernel rule)."""
+    """torch's ``nn.MaxPool{n}d``, ``n = len(kernel_size)``; its kernel is a numerical
+    expectation (:func:`~ntbridge.stax.maxpool.max_rule`).
+
+    Example:
+        >>> MaxPool((3, 3), 2, 1).init_fn(None, (2, 4, 16, 16))[0]
+        (2, 4, 8, 8)
+    """
     ndim = len(kernel_size)
     size = as_tuple(kernel_size, ndim)
     stride = as_tuple(size if stride is None else stride, ndim)
@@ -196,11 +195,13 @@ def MaxPool(kernel_size: Sequence[int], stride: Sequence[int] | int | None = Non
             x = window_reduce(x, (2 + d,), k, s, dil, (p, high), "constant", jnp.maximum, -jnp.inf)
         return x
 
-    return Layer(_same_channels(ndim, counts), apply_fn, _no_kernel(f"MaxPool{ndim}d"))
+    windows = lambda spatial: [pool_windows(n, c, *dims) for n, c, *dims in zip(
+        spatial, counts(spatial), size, stride, pad, dilation)]
+    return _max_layer(_same_channels(ndim, counts), apply_fn, max_rule(windows, f"MaxPool{ndim}d"))
 
 
 def AdaptiveMaxPool(output_size: Sequence[int | None]) -> Layer:
-    """torch's ``nn.AdaptiveMaxPool{n}d(output_size)``: forward only (no kernel rule)."""
+    """torch's ``nn.AdaptiveMaxPool{n}d(output_size)``; its kernel as :func:`MaxPool`'s."""
     ndim = len(output_size)
     counts = lambda spatial: tuple(c or n for n, c in zip(spatial, output_size))
 
@@ -211,4 +212,13 @@ def AdaptiveMaxPool(output_size: Sequence[int | None]) -> Layer:
                            for lo, hi in adaptive_windows(length, count)], axis)
         return x
 
-    return Layer(_same_channels(ndim, counts), apply_fn, _no_kernel(f"AdaptiveMaxPool{ndim}d"))
+    windows = lambda spatial: [adaptive_pool_windows(adaptive_windows(n, c))
+                               for n, c in zip(spatial, counts(spatial))]
+    return _max_layer(_same_channels(ndim, counts), apply_fn,
+                      max_rule(windows, f"AdaptiveMaxPool{ndim}d"))
+
+
+def _max_layer(init_fn, apply_fn, kernel_fn) -> Layer:
+    """A max pooling layer: its rule compares positions and is a numerical expectation."""
+    return channels_first(Layer(init_fn, apply_fn, kernel_fn, full_spatial=True,
+                                replicates=SAMPLING.replicates))

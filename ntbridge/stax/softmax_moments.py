@@ -64,7 +64,7 @@ def normal_points(rule: Rule, tokens: int) -> np.ndarray:
     return np.stack(out).reshape(rule.replicates, rule.points, 2 * tokens, 2 * tokens)
 
 
-def psd_factor(k: jax.Array) -> jax.Array:
+def psd_factor(k: jax.Array, floor: float = 0.0) -> jax.Array:
     """Lower-triangular ``L`` with ``L L^T ~ k`` for symmetric ``k`` ``(..., M, M)``, PSD up to
     the estimates' errors: Cholesky's columns one at a time, a column whose pivot is not positive
     left out (as a clipped negative eigenvalue would be). A diagonal ramp of ``1e-10`` (float64;
@@ -74,7 +74,11 @@ def psd_factor(k: jax.Array) -> jax.Array:
 
     Written in XLA's own operations, not LAPACK's: XLA's CPU runtime runs independent LAPACK
     calls side by side, and each batched one waits on its worker thread for work it queued on the
-    same threads, so two of them can wait on each other forever."""
+    same threads, so two of them can wait on each other forever.
+
+    ``floor``: pivots up to ``floor`` times the largest diagonal entry count as not positive
+    (above the ramp, e.g. ``1e-8`` in float64: positions that repeat others, whose pivots are the
+    ramp plus rounding, then repeat them exactly and do not amplify that rounding)."""
     m = k.shape[-1]
     scale = jnp.max(jnp.diagonal(k, axis1=-2, axis2=-1), -1)[..., None, None]
     jitter = (1e-10 if k.dtype == jnp.float64 else 1e-5) * jnp.linspace(1, 2, m, dtype=k.dtype)
@@ -82,7 +86,7 @@ def psd_factor(k: jax.Array) -> jax.Array:
 
     def column(rest, j):  # rest: what the columns before j leave of k
         pivot = rest[..., j, j, None]
-        ok = pivot > 0
+        ok = pivot > floor * scale[..., 0]
         col = jnp.where(ok & (rows >= j), rest[..., j] / jnp.sqrt(jnp.where(ok, pivot, 1)), 0)
         return rest - col[..., :, None] * col[..., None, :], col
 

@@ -25,6 +25,10 @@ AFFINE = (nn.Linear, *CONVS, nn.Embedding, nn.MultiheadAttention, LearnedToken)
 LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, *AVG_POOLS, *RESIZES, *DROPOUTS, Add, Concat,
           Scale, Index, Reduce, Unsqueeze, Stack, Aggregate, InputAggregate, nn.LPPool1d,
           nn.LPPool2d, nn.LPPool3d, AddPositions, SwapLast, GlobalPool)
+# per-channel affine maps of their input (eval-mode BatchNorm): a branch through one keeps its
+# terms' independence, though not their zero mean (the kernel of a sum then needs the sources'
+# rule, ``stax.sources``, which the sum's kernel rule uses where a branch is not centred)
+CHANNEL_MAPS = (nn.modules.batchnorm._BatchNorm,)
 # modules after which every channel has the same kernel when every channel of their inputs has
 # (elementwise or the same map of positions for every channel; a sum or product of such inputs)
 SAME_PER_CHANNEL = (*FORMS, Elementwise, nn.Identity, *DROPOUTS, *AVG_POOLS, nn.Upsample,
@@ -46,14 +50,16 @@ def correlated(nodes: list[Node], inputs: tuple[int, ...]) -> str:
     twice shares them): each term is ``W u + b`` with ``W``, ``b``
     zero-mean and independent of everything but the term's descendants, for the NNGP as for the
     NTK (whose cross terms are linear in ``W`` too). Branches for which no such term exists on
-    either side (``h + relu(h)``) may be correlated.
+    either side (``h + relu(h)``) may be correlated. An eval-mode BatchNorm after a term keeps it
+    independent of the rest (``h + bn(conv(relu(h)))``), not zero-mean: the sum's rule takes it.
     """
     terms, ancestors = {INPUT: None}, {INPUT: frozenset({INPUT})}
     for n in nodes:
         ancestors[n.index] = frozenset({n.index}).union(*(ancestors[i] for i in n.inputs))
         if isinstance(n.module, AFFINE) or ends_affine(n.module):
             terms[n.index] = frozenset({n.index})
-        elif isinstance(n.module, LINEAR) and all(terms[i] is not None for i in _random_inputs(n)):
+        elif (isinstance(n.module, (*LINEAR, *CHANNEL_MAPS))
+              and all(terms[i] is not None for i in _random_inputs(n))):
             terms[n.index] = frozenset().union(*(terms[i] for i in _random_inputs(n)))
         else:
             terms[n.index] = None

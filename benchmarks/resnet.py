@@ -1,0 +1,141 @@
+"""ResNets' analytic kernels: torchvision's ResNet-18 layout, and the pre-activation ResNet that
+Neural Tangents can express, side by side with it.
+
+Run: python benchmarks/resnet.py [--n 64] [--size 32] [--points 256] [--nt-python nt/bin/python]
+[--nt-n 8] [--nt-size 16]
+
+Rows:
+
+* ``resnet18``: ``ntbridge.kernel`` (NNGP and NTK, float32) of torchvision's ResNet-18 layout
+  (``examples/torchvision_resnets.py``, eval mode) on ``n`` random images ``3 x size x size``, its
+  BatchNorms fresh and with trained-looking statistics: the first call (compilation included),
+  a steady call, the tile the plan chose, its memory (XLA's analysis of the tile's program) and
+  the budget the plan kept it within, the process's peak resident memory, and the reported
+  error of the numerical expectations (``ntbridge.expectation_error`` on 4 of the images);
+* ``pre-activation`` (with ``--nt-python``): a ResNet of blocks ``x + conv(relu(conv(relu(x))))``
+  (3x3 convolutions with zero padding, 2x2 average pooling between stages, ReLU, global average
+  pooling, Linear): every nonlinearity sees a Gaussian, so both libraries have closed forms;
+  Neural Tangents' ``stax`` network in a child process (its jitted ``kernel_fn``), both in float64
+  and NTK parameterization (NT's default):
+  the largest difference of each kernel relative to its largest entry and the steady time of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+import ntbridge
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from torchvision_resnets import resnet18, trained_statistics  # noqa: E402
+
+W_STD, B_STD, WIDTH, STAGES = 1.5, 0.1, 16, 3
+
+NT_WORKLOAD = """
+import json, sys, time
+import jax, numpy as np
+jax.config.update("jax_enable_x64", True)
+from neural_tangents import stax
+W, b, width, stages, folder = json.loads(sys.argv[1])
+C = lambda: stax.Conv(width, (3, 3), padding="SAME", W_std=W, b_std=None)
+block = stax.serial(stax.FanOut(2), stax.parallel(
+    stax.serial(stax.Relu(), C(), stax.Relu(), C()), stax.Identity()), stax.FanInSum())
+layers = [C()]
+for s in range(stages):
+    layers += [block] + ([stax.AvgPool((2, 2), (2, 2))] if s < stages - 1 else [])
+_, _, kernel_fn = stax.serial(*layers, stax.Relu(), stax.GlobalAvgPool(), stax.Dense(10, W, b))
+kernel_fn = jax.jit(kernel_fn, static_argnames="get")
+x = np.load(folder + "/x.npy")
+k = kernel_fn(x, None, get=("nngp", "ntk")); k.ntk.block_until_ready()
+start = time.perf_counter()
+k = kernel_fn(x, None, get=("nngp", "ntk")); k.ntk.block_until_ready()
+np.savez(folder + "/nt.npz", nngp=k.nngp, ntk=k.ntk, seconds=time.perf_counter() - start)
+"""
+
+
+class PreActBlock(nn.Module):
+    """``x + conv2(relu(conv1(relu(x))))``."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv2(torch.relu(self.conv1(torch.relu(x))))
+
+
+def preact_resnet() -> nn.Sequential:
+    """The pre-activation ResNet both libraries express (module doc)."""
+    layers = [nn.Conv2d(3, WIDTH, 3, padding=1, bias=False)]
+    for s in range(STAGES):
+        layers += [PreActBlock(WIDTH)] + ([nn.AvgPool2d(2)] if s < STAGES - 1 else [])
+    return nn.Sequential(*layers, nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(WIDTH, 10))
+
+
+def resnet18_rows(n: int, size: int, points: int) -> None:
+    x = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0))
+    for label, model in (("fresh", resnet18().eval()), ("trained", trained_statistics(resnet18()))):
+        opts = dict(expectation_points=points)
+        start = time.perf_counter()
+        ntbridge.kernel(model, x, **opts)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        _, info = ntbridge.kernel(model, x + 0.5, return_info=True, **opts)
+        steady = time.perf_counter() - start
+        error = ntbridge.expectation_error(model, x[:4], **opts)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+        print(f"resnet18 {label:<8} N={n} {size}x{size} points={points}: first call {first:.1f} s, "
+              f"steady {steady:.1f} s, tile {info.tile} ({info.tile_bytes / 2 ** 30:.2f} GiB of a budget of {info.budget / 2 ** 30:.1f}), "
+              f"peak RSS {peak:.2f} GiB, reported error {error:.1e}", flush=True)
+
+
+def preact_rows(nt_python: str, n: int, size: int) -> None:
+    x = np.random.default_rng(0).standard_normal((n, 3, size, size))
+    model = preact_resnet().double()
+    opts = dict(W_std=W_STD, b_std=B_STD, parameterization="ntk")  # NT's default
+    ntbridge.kernel(model, torch.from_numpy(x), **opts)
+    start = time.perf_counter()
+    ours = ntbridge.kernel(model, torch.from_numpy(x), **opts)
+    seconds = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as folder:
+        np.save(Path(folder) / "x.npy", x.transpose(0, 2, 3, 1))  # NT: channels last
+        subprocess.run([nt_python, "-c", NT_WORKLOAD,
+                        json.dumps([W_STD, B_STD, WIDTH, STAGES, folder])], check=True,
+                       capture_output=True)
+        with np.load(Path(folder) / "nt.npz") as f:
+            theirs = dict(f)
+    rel = lambda a, ref: float(np.abs(a.numpy() - ref).max() / np.abs(ref).max())
+    print(f"pre-activation N={n} {size}x{size} float64: NNGP {rel(ours.nngp, theirs['nngp']):.1e}, "
+          f"NTK {rel(ours.ntk, theirs['ntk']):.1e} from NT; steady call ntbridge {seconds:.2f} s, "
+          f"NT {float(theirs['seconds']):.2f} s", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=64)
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--points", type=int, default=256)
+    parser.add_argument("--nt-python", metavar="PATH", help="a Python with neural-tangents 0.6.5")
+    parser.add_argument("--nt-n", type=int, default=8)
+    parser.add_argument("--nt-size", type=int, default=16)
+    args = parser.parse_args()
+    if args.nt_python:
+        preact_rows(args.nt_python, args.nt_n, args.nt_size)
+    resnet18_rows(args.n, args.size, args.points)
+
+
+if __name__ == "__main__":
+    main()
