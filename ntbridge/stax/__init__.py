@@ -18,6 +18,7 @@ from .embedding import Embedding, Positions, Token
 from .kernel import Kernel, features_last_kernel, input_kernel, sequence_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer, with_hyper
 from .normalization import BatchNorm, ChannelMoments, LayerNorm, RMSNorm
+from .rotary_attention import RotaryAttention
 from .piecewise import Piece, Pieces
 from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, LPPool1, MaxPool
 from .products import FanInProd
@@ -33,7 +34,8 @@ __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
            "FanInStack", "FanInSum", "FanOut", "Flatten", "Gelu", "INPUT",
            "Identity", "Index", "InputAggregate", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
            "NodeFeatures", "Numerical", "Outer", "PARAMETERIZATIONS", "Pick", "Piece", "Pieces", "PixelShuffle",
-           "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "RMSNorm", "Rule",
+           "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "RMSNorm",
+           "RotaryAttention", "Rule",
            "Scale", "SelfAttention", "Sign", "Sin", "Stds", "SwapLast", "Token", "TokenMean",
            "TokenSelect", "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag",
            "elementwise", "features_last_kernel", "input_kernel", "parallel", "sequence_kernel",
