@@ -3,6 +3,7 @@ torch's forward, direct formulas and wide-model Monte-Carlo."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import ntbridge
@@ -167,3 +168,66 @@ def test_rotary_attention_matches_monte_carlo():
     model.inv_freq.zero_()
     unrotated = ntbridge.kernel(model, x, attention_points=256, get="ntk")
     assert z_scores(ntk, unrotated, error).max() > 3
+
+
+# ------------------------------------------------------------ SwiGLU
+
+class SwiGLU(nn.Module):
+    """Llama's MLP: ``down(silu(gate(x)) * up(x))``, or with one projection ``chunk``-ed."""
+
+    def __init__(self, d: int, hidden: int, fused: bool):
+        super().__init__()
+        self.fused = fused
+        if fused:
+            self.gate_up = nn.Linear(d, 2 * hidden, bias=False)
+        else:
+            self.gate, self.up = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, 256, bias=False)
+
+    def forward(self, x):
+        a, b = self.gate_up(x).chunk(2, -1) if self.fused else (self.gate(x), self.up(x))
+        return self.down(F.silu(a) * b)
+
+
+@pytest.mark.slow
+def test_swiglu_chunked_matches_monte_carlo():
+    """``a, b = gate_up(x).chunk(2, -1)``: the halves are independent factors."""
+    x = torch.randn(4, 3, dtype=torch.float64)
+    model = SwiGLU(3, 512, fused=True).double()
+    torch.testing.assert_close(apply(model, x), model(x).detach(), rtol=1e-12, atol=1e-12)
+    nngp, ntk = sample_kernels(model, x, 100, chunk=20)
+    k = ntbridge.kernel(model, x)
+    assert_within_standard_error(nngp, k.nngp, "NNGP")
+    assert_within_standard_error(ntk, k.ntk, "NTK")
+
+
+def test_swiglu_with_separate_projections_has_the_same_kernel():
+    x = torch.randn(4, 3, dtype=torch.float64)
+    fused, separate = (ntbridge.kernel(SwiGLU(3, 16, f).double(), x) for f in (True, False))
+    torch.testing.assert_close(separate.ntk, fused.ntk, rtol=1e-12, atol=0)
+    torch.testing.assert_close(separate.nngp, fused.nngp, rtol=1e-12, atol=0)
+
+
+def test_chunks_read_twice_or_along_positions_are_refused():
+    class Square(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 8)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return h.chunk(2, -1)[0] * h.chunk(2, -1)[0]
+
+    with pytest.raises(errors.UnsupportedLayerError, match="not independent|may be dependent"):
+        ntbridge.ntk(Square(), torch.randn(2, 3))
+
+    class Positions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 8)
+
+        def forward(self, x):
+            return self.fc(x).transpose(1, 2).chunk(2, -1)[1]
+
+    with pytest.raises(errors.UnsupportedLayerError, match="splits an axis of positions"):
+        ntbridge.ntk(Positions(), torch.randn(2, 4, 3))

@@ -13,7 +13,7 @@ from .combinators import (INPUT, FanInConcat, FanInSum, FanOut, Pick, Scale, dag
 from .conv import Conv
 from .dropout import Dropout
 from .aggregation import Aggregate, InputAggregate, NodeFeatures
-from .indexing import FanInStack, Index, Reduce, Unsqueeze
+from .indexing import Chunk, FanInStack, Index, Reduce, Unsqueeze
 from .embedding import Embedding, Positions, Token
 from .kernel import Kernel, features_last_kernel, input_kernel, sequence_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer, with_hyper
@@ -28,7 +28,7 @@ from .sequence import SwapLast, TokenMean, TokenSelect
 from .softmax_moments import Rule
 from .transpose import ConvTranspose
 
-__all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
+__all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate", "Chunk",
            "AvgPool", "BatchNorm", "ChannelMoments", "Conv", "ConvTranspose", "Cos",
            "Dense", "Dropout", "Embedding", "Erf", "Exp", "FanInConcat", "FanInProd",
            "FanInStack", "FanInSum", "FanOut", "Flatten", "Gelu", "INPUT",

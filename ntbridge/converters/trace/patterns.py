@@ -24,7 +24,8 @@ from .calls import ATTENTION_MODULES, attention_call, attention_output, padding_
 from .equivalents import equivalent, is_shape
 from .independence import correlated, dependent
 from .nodes import Trace, direct_use, pattern
-from .norms import rms_norm_pattern  # noqa: F401 (registered first: it claims whole forms)
+from .chunks import chunk_pattern  # noqa: F401 (registered first, as the next: whole forms)
+from .norms import rms_norm_pattern  # noqa: F401
 from .positions import (is_arange, is_arange_value, is_positions, learned_token, position_view,
                         positions)
 from .time_major import batch_first_form, swapped
