@@ -16,8 +16,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 EXTRAS = {"gpytorch": "gpytorch", "botorch": "botorch", ".plot(": "matplotlib",
           "transformers": "transformers"}
 # Blocks of more than 2 s (the first in a process pays for importing JAX).
-SLOW = {"README.md:8", "README.md:45", "transformers.md:42", "transformers.md:164",
-        "transformers.md:183", "empirical.md:87", "dynamics.md:18",
+SLOW = {"README.md:8", "README.md:45", "transformers.md:42", "transformers.md:156",
+        "transformers.md:189", "transformers.md:208", "empirical.md:87", "dynamics.md:18",
         "gp.md:18"}
 
 
