@@ -1,6 +1,7 @@
 """Tiny random Hugging Face models (no downloads), for the tests of ``transformers`` models.
 
-``build(name, attn_implementation)`` makes one of ``NAMES`` in float64 and eval mode, seeded;
+``build(name, attn_implementation)`` makes one of ``NAMES`` in float64 and eval mode, seeded
+(``inputs(name, n)``: ``n`` inputs for it, token ids or images);
 :class:`FirstOutput` is the model as ntbridge reads it (its first output, for torch.func).
 """
 
@@ -10,7 +11,7 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
-NAMES = ("gpt2", "bert", "llama")
+NAMES = ("gpt2", "bert", "llama", "vit")
 VOCABULARY = 40
 
 
@@ -22,6 +23,10 @@ def _config(name: str):
         return transformers.BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                                        intermediate_size=16, vocab_size=VOCABULARY,
                                        max_position_embeddings=8)
+    if name == "vit":
+        return transformers.ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=16, image_size=8, patch_size=4,
+                                      num_channels=3)
     return transformers.LlamaConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                                     num_key_value_heads=1, intermediate_size=16,
                                     vocab_size=VOCABULARY, max_position_embeddings=8,
@@ -33,8 +38,8 @@ def build(name: str, attn_implementation: str = "sdpa") -> nn.Module:
     torch.manual_seed(0)
     config = _config(name)
     config._attn_implementation = attn_implementation
-    model = getattr(transformers, {"gpt2": "GPT2Model", "bert": "BertModel",
-                                   "llama": "LlamaModel"}[name])(config)
+    model = getattr(transformers, {"gpt2": "GPT2Model", "bert": "BertModel", "llama": "LlamaModel",
+                                   "vit": "ViTModel"}[name])(config)
     return model.double().eval()
 
 
@@ -47,3 +52,10 @@ class FirstOutput(nn.Module):
 
     def forward(self, ids):
         return self.model(ids)[0]
+
+
+def inputs(name: str, n: int) -> torch.Tensor:
+    """``n`` inputs of model ``name``: token ids ``(n, 5)``, or images ``(n, 3, 8, 8)`` (float64)."""
+    if name == "vit":
+        return torch.randn(n, 3, 8, 8, dtype=torch.float64)
+    return torch.randint(0, VOCABULARY, (n, 5))

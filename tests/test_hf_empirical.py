@@ -14,26 +14,27 @@ from ntbridge.converters.export.aten import OPS
 from ntbridge.dlpack import precision, to_jax
 
 from helpers import max_relative_error
-from hf_zoo import FirstOutput, build
+from hf_zoo import FirstOutput, build, inputs
 from reference import full_ntk
 
-TOKENS = 5
 # Llama's RMSNorm computes in float32 whatever the model's dtype (HF's ``.to(torch.float32)``):
 # torch's and XLA's float32 rsqrt differ by an ulp (6e-8), which the float64 kernel inherits
-TOLERANCE = {"gpt2": 1e-8, "bert": 1e-8, "llama": 1e-6}
+TOLERANCE = {"gpt2": 1e-8, "bert": 1e-8, "llama": 1e-6, "vit": 1e-8}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, attention", [("gpt2", "sdpa"), ("gpt2", "eager"),
-                                             ("bert", "sdpa"), ("llama", "sdpa")])
+                                             ("bert", "sdpa"), ("llama", "sdpa"),
+                                             ("vit", "sdpa")])
 def test_empirical_ntk_matches_torch_func(name, attention):
     model = build(name, attention)
-    ids1, ids2 = torch.randint(0, 40, (2, TOKENS)), torch.randint(0, 40, (1, TOKENS))
+    config = model.config.to_dict()
+    ids1, ids2 = inputs(name, 2), inputs(name, 1)  # token ids, or ViT's images
     k = ntbridge.empirical_ntk(model, ids1, ids2, trace_axes=(), implementation="jacobian")
     expected = full_ntk(FirstOutput(model), ids1, ids2, batch=True)  # (N1, N2, T, d, T, d)
     assert k.shape == expected.shape and k.dtype == torch.float64
     assert max_relative_error(k.detach(), expected) <= TOLERANCE[name]
-    assert model.config.use_cache and not model.training  # the model is left as it was
+    assert model.config.to_dict() == config and not model.training  # the model is left as it was
 
 
 ATTENTION_CASES = {
@@ -57,3 +58,11 @@ def test_scaled_dot_product_attention_matches_torch(case):
         args = {key: to_jax(a) if isinstance(a, torch.Tensor) else a for key, a in kwargs.items()}
         y = OPS[torch.ops.aten.scaled_dot_product_attention](to_jax(q), to_jax(k), to_jax(v), **args)
     assert max_relative_error(y, expected.numpy()) <= 1e-12
+
+
+def test_cat_skips_one_dimensional_empty_tensors_as_torch_does():
+    """Hugging Face's empty key/value caches are ``(0,)`` tensors concatenated along -2."""
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    with precision(torch.float64):
+        y = OPS[torch.ops.aten.cat]([to_jax(torch.empty(0, dtype=torch.float64)), to_jax(x)], -2)
+    assert max_relative_error(y, torch.cat([torch.empty(0, dtype=torch.float64), x], -2).numpy()) == 0
