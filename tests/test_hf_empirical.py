@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import ntbridge
 from ntbridge.converters.export.aten import OPS
+from ntbridge.converters.export.translator import translate
 from ntbridge.dlpack import precision, to_jax
 
 from helpers import max_relative_error
@@ -23,11 +24,9 @@ TOLERANCE = {"gpt2": 1e-8, "bert": 1e-8, "llama": 1e-6, "vit": 1e-8}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, attention", [("gpt2", "sdpa"), ("gpt2", "eager"),
-                                             ("bert", "sdpa"), ("llama", "sdpa"),
-                                             ("vit", "sdpa")])
-def test_empirical_ntk_matches_torch_func(name, attention):
-    model = build(name, attention)
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "vit"])
+def test_empirical_ntk_matches_torch_func(name):
+    model = build(name)
     config = model.config.to_dict()
     ids1, ids2 = inputs(name, 2), inputs(name, 1)  # token ids, or ViT's images
     k = ntbridge.empirical_ntk(model, ids1, ids2, trace_axes=(), implementation="jacobian")
@@ -35,6 +34,15 @@ def test_empirical_ntk_matches_torch_func(name, attention):
     assert k.shape == expected.shape and k.dtype == torch.float64
     assert max_relative_error(k.detach(), expected) <= TOLERANCE[name]
     assert model.config.to_dict() == config and not model.training  # the model is left as it was
+
+
+def test_eager_attention_translates_exactly():
+    """``attn_implementation="eager"`` (matmuls, softmax) as well as the default ``sdpa``."""
+    model, x = build("gpt2", "eager"), inputs("gpt2", 2)
+    translated = translate(model, x)
+    with precision(torch.float64):
+        y = translated(to_jax(x))
+    assert max_relative_error(y, model(x)[0].detach().numpy()) <= 1e-12
 
 
 ATTENTION_CASES = {
