@@ -14,11 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # What a block's text shows -> the module it then needs (an optional extra).
 EXTRAS = {"gpytorch": "gpytorch", "botorch": "botorch", ".plot(": "matplotlib",
-          "torch_geometric": "torch_geometric"}
+          "torch_geometric": "torch_geometric", "transformers": "transformers"}
 # Blocks of more than 2 s (the first in a process pays for importing JAX), by their rank on the
 # page (ids name the line, which moves whenever text above the block changes).
-SLOW = {"README.md#1", "README.md#2", "transformers.md#1", "empirical.md#2", "dynamics.md#1",
-        "gp.md#1", "graphs.md#2"}
+SLOW = {"README.md#1", "README.md#2", "transformers.md#1", "transformers.md#3", "transformers.md#4",
+        "transformers.md#5", "empirical.md#2", "dynamics.md#1", "gp.md#1", "graphs.md#2"}
 
 
 def blocks():

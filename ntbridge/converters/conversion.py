@@ -20,6 +20,7 @@ from . import (activations, aggregation, attention, conv, embedding, encoder,  #
                indexing, linear, normalization, pooling, positions, products,  # (converters)
                resize, structure)
 from .graph import Graph, Node, make_node
+from .huggingface import init_std, is_pretrained
 from .registry import (ATTENTION_POINTS, EXPECTATION_POINTS, Options, StdOption, as_float,
                        find_converter)
 from .reuse import check_reuse, children
@@ -65,8 +66,10 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
       parameterization: ``"standard"`` (torch's; the NTK uses the model's actual widths) or
         ``"ntk"`` (the width-independent NTK limit).
       init: ``"torch"`` (the variance of torch's default init of each module; the analytic kernel
-        warns with ``InitMismatchWarning`` if the weights clearly do not follow it) or ``"infer"``
-        (read from the current weights).
+        warns with ``InitMismatchWarning`` if the weights clearly do not follow it; a Hugging Face
+        model's modules as the library initialises them, ``N(0, initializer_range**2)`` weights
+        and zero biases, or read from the values where the model has its own ``_init_weights``)
+        or ``"infer"`` (read from the current weights).
       W_std, b_std: explicit standard deviations, a float for every layer or a mapping from
         qualified module names (as in ``model.named_modules()``) to floats; scalar torch tensors
         work as floats, and the analytic kernels are differentiable in those that require grad.
@@ -92,8 +95,11 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     """
     check_module(model)
     _check_uniform(model)
+    library_std = init_std(model) if init == "torch" else None
+    if init == "torch" and library_std is None and is_pretrained(model):
+        init = "infer"  # a Hugging Face model initialised its own way: read the values
     options = Options(parameterization, init, W_std, b_std, attention, attention_points,
-                      shared_weights, expectation_points)
+                      shared_weights, expectation_points, library_std)
     leaves = list(_leaves(model))
     if any(_is_user_container(module) for _, module in leaves):
         nodes = fx_nodes(model, options)

@@ -18,7 +18,8 @@ def _embedding(module: nn.Embedding, ctx: Context) -> stax.Layer:
         raise UnsupportedLayerError("nn.Embedding(max_norm=...) renormalises its rows on use; "
                                     "the analytic kernel has no rule for it (drop max_norm).")
     o = ctx.options
-    std = 1.0 if o.init == "torch" else _rows_rms(module)  # torch's init: N(0, 1)
+    std = _rows_rms(module) if o.init != "torch" else (  # torch's init: N(0, 1)
+        1.0 if o.library_std is None else o.library_std)
     explicit = o.explicit(o.W_std, ctx.name)
     std = std if explicit is None else float(explicit)
     ctx.hyper = {"W_std": std}

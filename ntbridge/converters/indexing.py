@@ -1,7 +1,7 @@
 """Indexing, reductions and stacking in a traced ``forward``: ``x[:, 0]``, ``x[..., 2:5]``,
-``x.narrow(d, s, n)``, ``x.select(d, i)``, ``x.mean(dim)`` / ``x.sum(dim)`` (``keepdim`` either
+``x.narrow(d, s, n)``, ``x.select(d, i)``, ``x.chunk(n, d)[i]``, ``x.mean(dim)`` / ``x.sum(dim)`` (``keepdim`` either
 way), ``x.unsqueeze(d)``, ``torch.stack(xs, d)``: the modules standing for them, their converters
-(``stax.Index``, ``Reduce``, ``Unsqueeze``, ``FanInStack``; what is exact is said there) and the
+(``stax.Index``, ``Chunk``, ``Reduce``, ``Unsqueeze``, ``FanInStack``; what is exact is said there) and the
 fx forms (:data:`FUNCTIONS`, :data:`METHODS`: ``(args, kwargs) -> (module, input nodes)``).
 
 Example:
@@ -35,6 +35,20 @@ class Index(nn.Module):
 
     def extra_repr(self) -> str:
         return f"key={self.key!r}"
+
+
+class Chunk(nn.Module):
+    """``x.chunk(chunks, dim)[index]``: one of the chunks (``a, b = h.chunk(2, -1)``)."""
+
+    def __init__(self, index: int, chunks: int, dim: int):
+        super().__init__()
+        self.index, self.chunks, self.dim = index, chunks, dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.chunk(self.chunks, self.dim)[self.index]
+
+    def extra_repr(self) -> str:
+        return f"index={self.index}, chunks={self.chunks}, dim={self.dim}"
 
 
 class Reduce(nn.Module):
@@ -82,6 +96,11 @@ class Stack(nn.Module):
 @register(Index)
 def _index(module: Index, ctx: Context) -> stax.Layer:
     return stax.Index(module.key, name=f"indexing {module.key}")
+
+
+@register(Chunk)
+def _chunk(module: Chunk, ctx: Context) -> stax.Layer:
+    return stax.Chunk(module.index, module.chunks, module.dim)
 
 
 @register(Reduce)

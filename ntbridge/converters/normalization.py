@@ -1,4 +1,5 @@
-"""Converters of normalization layers: ``nn.LayerNorm`` and ``nn.BatchNorm1d/2d/3d``."""
+"""Converters of normalization layers: ``nn.LayerNorm``, ``nn.RMSNorm`` and
+``nn.BatchNorm1d/2d/3d``."""
 
 from __future__ import annotations
 
@@ -22,16 +23,33 @@ def _constant(t: torch.Tensor | None) -> float | None:
 @register(nn.LayerNorm)
 def _layer_norm(module: nn.LayerNorm, ctx: Context) -> stax.Layer:
     weight, bias = _constant(module.weight), _constant(module.bias)
-    ctx.hyper.update(weight=weight, bias=bias)  # the kernel depends on them: the signature has them
     layer = stax.LayerNorm(tuple(module.normalized_shape), module.eps, weight, bias)
-    varies = [name for name, v in (("weight", weight), ("bias", bias)) if v is not None and v != v]
+    return _affine_constants(layer, "LayerNorm", ctx, weight=weight, bias=bias)
+
+
+@register(nn.RMSNorm)
+def _rms_norm(module: nn.RMSNorm, ctx: Context) -> stax.Layer:
+    weight = _constant(module.weight)
+    eps = module.eps
+    if eps is None:  # torch's default: the machine epsilon of the input's dtype (the module's)
+        dtype = torch.float32 if module.weight is None else module.weight.dtype
+        eps = torch.finfo(dtype).eps
+    layer = stax.RMSNorm(tuple(module.normalized_shape), eps, weight)
+    return _affine_constants(layer, "RMSNorm", ctx, weight=weight)
+
+
+def _affine_constants(layer: stax.Layer, kind: str, ctx: Context, **values: float | None
+                      ) -> stax.Layer:
+    """``layer`` of a norm whose affine parameters have ``values`` (NaN where they vary, which no
+    kernel rule takes: the layer then has its forward only)."""
+    ctx.hyper.update(values)  # the kernel depends on them: the signature has them
+    varies = [name for name, v in values.items() if v is not None and v != v]
     if not varies:
         return layer
-
     return without_kernel(layer, (
-        f"LayerNorm's {' and '.join(varies)} vary across entries, so its output units are not "
+        f"{kind}'s {' and '.join(varies)} vary across entries, so its output units are not "
         f"identically distributed and the analytic kernel has no rule for them; use "
-        f"ntbridge.empirical_ntk for trained LayerNorm parameters."))
+        f"ntbridge.empirical_ntk for trained {kind} parameters."))
 
 
 def _channel_constants(module: nn.BatchNorm1d) -> dict[str, torch.Tensor]:

@@ -115,6 +115,7 @@ class Options:
     attention_points: int = ATTENTION_POINTS
     shared_weights: str = "auto"
     expectation_points: int = EXPECTATION_POINTS
+    library_std: float | None = None  # init="torch" of a library drawing N(0, std**2) weights
     used_names: set = dataclasses.field(default_factory=set)
 
     def __post_init__(self):
@@ -174,7 +175,9 @@ class Context:
         """Keyword arguments ``W_std, b_std, distribution, parameterization`` of an affine layer.
 
         ``init="torch"``: torch's default init of Linear/ConvNd, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``
-        for weight and bias, i.e. ``W_std = 1/sqrt(3)``, ``b_std = 1/sqrt(3 fan_in)``.
+        for weight and bias, i.e. ``W_std = 1/sqrt(3)``, ``b_std = 1/sqrt(3 fan_in)``; in a model
+        of a library that draws ``N(0, library_std**2)`` weights and zero biases (Hugging Face's),
+        ``W_std = library_std sqrt(fan_in)``, ``b_std = 0``.
         ``init="infer"``: ``W_std**2 = fan_in * mean(W**2)``, ``b_std**2 = mean(b**2)``.
         Explicit ``W_std``/``b_std`` override either; parameters are then drawn Gaussian. An
         explicit torch tensor is kept in ``hyper`` as it is (the analytic kernels take it as an
@@ -185,7 +188,10 @@ class Context:
         :func:`init_mismatch`.
         """
         o = self.options
-        if o.init == "torch":
+        library = o.init == "torch" and o.library_std is not None
+        if library:  # e.g. Hugging Face's normal(0, initializer_range), zero biases
+            W_std, b_std = o.library_std * fan_in ** 0.5, 0.0
+        elif o.init == "torch":
             W_std, b_std = 3 ** -0.5, (3 * fan_in) ** -0.5
         else:
             W_std = (fan_in * weight.detach().double().pow(2).mean()).sqrt().item()
@@ -194,14 +200,15 @@ class Context:
         W_std = W_std if W_exp is None else W_exp
         b_std = None if bias is None else (b_std if b_exp is None else b_exp)
         explicit = W_exp is not None or b_exp is not None
-        if o.init == "torch":
+        if o.init == "torch" and not library:
             self.init_checks = tuple((label, t, fan_in) for label, t, exp in
                                      (("weight", weight, W_exp), ("bias", bias, b_exp))
                                      if t is not None and exp is None)
         self.hyper = {"W_std": W_std, "b_std": b_std}
         number = lambda v: None if v is None else as_float(v)
         return dict(W_std=number(W_std), b_std=number(b_std), parameterization=o.parameterization,
-                    distribution="uniform" if o.init == "torch" and not explicit else "normal")
+                    distribution="uniform" if o.init == "torch" and not (explicit or library)
+                    else "normal")
 
 
 def rms(t: torch.Tensor) -> float:

@@ -14,11 +14,12 @@ from .conv import Conv
 from .dropout import Dropout
 from .aggregation import Aggregate, InputAggregate, NodeFeatures, NodesFirstAggregate
 from .message_passing import GeometricFeatures, MessagePassing
-from .indexing import FanInStack, Index, Reduce, Unsqueeze
+from .indexing import Chunk, FanInStack, Index, Reduce, Unsqueeze
 from .embedding import Embedding, Positions, Token
 from .kernel import Kernel, features_last_kernel, input_kernel, sequence_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer, with_hyper
-from .normalization import BatchNorm, ChannelMoments, LayerNorm
+from .normalization import BatchNorm, ChannelMoments, LayerNorm, RMSNorm
+from .rotary_attention import RotaryAttention
 from .piecewise import Piece, Pieces
 from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, LPPool1, MaxPool
 from .products import FanInProd
@@ -28,14 +29,15 @@ from .sequence import SwapLast, TokenMean, TokenSelect
 from .softmax_moments import Rule
 from .transpose import ConvTranspose
 
-__all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
+__all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate", "Chunk",
            "AvgPool", "BatchNorm", "ChannelMoments", "Conv", "ConvTranspose", "Cos",
            "Dense", "Dropout", "Embedding", "Erf", "Exp", "FanInConcat", "FanInProd",
            "FanInStack", "FanInSum", "FanOut", "Flatten", "Gelu", "INPUT",
            "Identity", "Index", "InputAggregate", "NodesFirstAggregate", "GeometricFeatures", "MessagePassing",
            "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
            "NodeFeatures", "Numerical", "Outer", "PARAMETERIZATIONS", "Pick", "Piece", "Pieces", "PixelShuffle",
-           "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "Rule",
+           "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "RMSNorm",
+           "RotaryAttention", "Rule",
            "Scale", "SelfAttention", "Sign", "Sin", "Stds", "SwapLast", "Token", "TokenMean",
            "TokenSelect", "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag",
            "elementwise", "features_last_kernel", "input_kernel", "parallel", "sequence_kernel",

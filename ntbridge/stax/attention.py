@@ -39,6 +39,7 @@ import numpy as np
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel, sequence_kernel
 from .layers import Layer, _sample, dense_rule
+from .rotary import correlation, rotary_moments
 from .softmax_moments import Blocks, Rule, masked_softmax, normal_points, pair_moments, psd_factor
 
 
@@ -62,16 +63,21 @@ def _joint(c_n, c_nm, c_m):
                             jnp.concatenate([jnp.swapaxes(c_nm, -1, -2), c_m], -1)], -2)
 
 
-def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule, replicate):
+def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule, replicate, corr=None):
     """``E[A_n Kv A_m^T]`` (and the NTK's expectation) for the pairs of ``kq`` etc.: tuples
     ``(cov_n, cov_nm, cov_m)`` of arrays broadcasting to ``kv`` ``(..., T, T)``; ``ntks``:
     ``(tq, tk, tv)`` cross NTKs or None; ``allowed``: ``(allowed_n, allowed_m)``, boolean arrays
     broadcasting to ``kv`` (None: every key); ``replicate``: the rule's replicate to use alone
-    (None: all). Returns ``(nngp, ntk)`` arrays ``(..., T, T)`` (NTK None without ``ntks``)."""
+    (None: all); ``corr``: rotary embeddings' correlation of the logits (:mod:`.rotary`; None:
+    none). Returns ``(nngp, ntk)`` arrays ``(..., T, T)`` (NTK None without ``ntks``)."""
     t, batch = kv.shape[-1], kv.shape[:-2]
     z = jnp.asarray(normal_points(rule, t), kv.dtype)
     z = z if replicate is None else jnp.take(z, replicate, 0)[None]
     spread = lambda b: jnp.broadcast_to(b, kv.shape)
+    if corr is not None:
+        masks = tuple(jnp.ones(kv.shape, bool) if a is None else spread(a) for a in allowed)
+        blocks = lambda c: tuple(spread(b) for b in c)
+        return rotary_moments(blocks(kq), blocks(kk), kv, ntks, masks, z, rule.chunk, corr)
     full = lambda blocks: _joint(*(spread(b) for b in blocks))
     lq, lk = psd_factor(full(kq)), psd_factor(full(kk))
     tq, tk, tv = ntks if ntks is not None else (None, None, None)
@@ -83,19 +89,19 @@ def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule, replicate):
     return jax.tree.map(lambda a: a.reshape(*batch, t, t), out)
 
 
-def _pair_moments(k: Kernel, kq, kk, kv, ntks, allowed, rule: Rule):
+def _pair_moments(k: Kernel, kq, kk, kv, ntks, allowed, rule: Rule, corr):
     """:func:`_softmax_moments` of the pairs ``(n, m)``; with x2 = x1, of the pairs ``n <= m``
     only, the others being their transposes (half the work, and exactly symmetric)."""
     sides = lambda c: (c[1][:, None], c[0], c[2][None])
     masks = (_expand(allowed[0], 1), _expand(allowed[1], 0))
     if not k.x1_is_x2:
-        return _softmax_moments(sides(kq), sides(kk), kv[0], ntks, masks, rule, k.replicate)
+        return _softmax_moments(sides(kq), sides(kk), kv[0], ntks, masks, rule, k.replicate, corr)
     n = kv[0].shape[0]
     i, j = np.triu_indices(n)
     pick = lambda a: None if a is None else jnp.broadcast_to(a, kv[0].shape)[i, j]
     picks = lambda arrays: None if arrays is None else tuple(pick(a) for a in arrays)
     upper = _softmax_moments(picks(sides(kq)), picks(sides(kk)), pick(kv[0]), picks(ntks),
-                             picks(masks), rule, k.replicate)
+                             picks(masks), rule, k.replicate, corr)
 
     def fill(u):  # (pairs, T, T) -> (N, N, T, T)
         full = jnp.zeros((n, n, *u.shape[1:]), u.dtype)
@@ -104,12 +110,13 @@ def _pair_moments(k: Kernel, kq, kk, kv, ntks, allowed, rule: Rule):
     return jax.tree.map(fill, upper)
 
 
-def _expectations(k: Kernel, kq, kk, kv, ntks, allowed, rule: Rule):
+def _expectations(k: Kernel, kq, kk, kv, ntks, allowed, rule: Rule, corr):
     """``E[A Kv A'^T]`` for ``(nngp, cov1, cov2)`` and the NTK's expectation for ``nngp`` (None
-    without ``ntks``); ``allowed``: each side's keys (:func:`_allowed`)."""
-    nngp, ntk = _pair_moments(k, kq, kk, kv, ntks, allowed, rule)
+    without ``ntks``); ``allowed``: each side's keys (:func:`_allowed`); ``corr``: rotary
+    embeddings' (None: none)."""
+    nngp, ntk = _pair_moments(k, kq, kk, kv, ntks, allowed, rule, corr)
     own = lambda j: _softmax_moments((kq[j],) * 3, (kk[j],) * 3, kv[j], None,
-                                     (allowed[j - 1],) * 2, rule, k.replicate)[0]
+                                     (allowed[j - 1],) * 2, rule, k.replicate, corr)[0]
     cov1 = own(1)
     return [nngp, cov1, cov1 if k.x1_is_x2 else own(2)], ntk
 
@@ -159,8 +166,10 @@ def _allowed(mask, padding_id, ids: Kernel | None):
 
 
 def attention_rule(embed_dim: int, stds: Stds, parameterization: str, mask: jax.Array | None,
-                   linear_scaling: bool, rule: Rule, padding_id: int | None = None):
-    """The kernel rule of :func:`SelfAttention` (see the module doc)."""
+                   linear_scaling: bool, rule: Rule, padding_id: int | None = None,
+                   frequencies: tuple[float, ...] | None = None):
+    """The kernel rule of :func:`SelfAttention` (see the module doc); ``frequencies``: those of
+    rotary position embeddings of the queries and keys (:mod:`.rotary`; None: none)."""
     s = stds
 
     def kernel_fn(k) -> Kernel:
@@ -179,7 +188,9 @@ def attention_rule(embed_dim: int, stds: Stds, parameterization: str, mask: jax.
         else:
             kk, tk = arrays(affine(k, s.W_k, s.b_k))
             ntks = None if k.ntk is None else (tq, tk, tv)
-            z, tz = _expectations(k, kq, kk, kv, ntks, allowed, rule)
+            corr = None if frequencies is None else jnp.asarray(
+                correlation(np.asarray(frequencies), k.shape1[-2]), k.nngp.dtype)
+            z, tz = _expectations(k, kq, kk, kv, ntks, allowed, rule, corr)
         mixed = k.replace(nngp=z[0], cov1=z[1], cov2=z[2], ntk=tz)  # the heads' A v
         return affine(mixed, s.W_o, s.b_o)
 

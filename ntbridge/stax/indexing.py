@@ -140,6 +140,35 @@ def Index(key: Key, name: str = "indexing") -> Layer:
                  full_spatial=False, affine=True)
 
 
+def Chunk(index: int, chunks: int, dim: int) -> Layer:
+    """torch's ``x.chunk(chunks, dim)[index]`` along the feature axis (the last axis of vectors
+    and of sequences ``(N, T, d)``, axis 1 of channels-first inputs): a subset of i.i.d. units,
+    whose kernel per unit is the input's; the other axes are refused (index them instead).
+
+    Example:
+        >>> Chunk(1, 2, -1).init_fn(None, (5, 8))[0]
+        (5, 4)
+    """
+
+    def index_layer(shape: tuple[int, ...]) -> Layer:
+        axis = axis_of(dim, len(shape), "dim")
+        size = -(-shape[axis] // chunks)  # torch's: the last chunk may be smaller
+        entry = slice(index * size, min((index + 1) * size, shape[axis]))
+        return Index((slice(None),) * axis + (entry,), name=f"chunk {index} of {chunks}")
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        axis = axis_of(dim, len(k.shape1), "dim")
+        if axis != (len(k.shape1) - 1 if k.tokens else 1):
+            raise UnsupportedLayerError(
+                f"chunk({chunks}, dim={dim}) of inputs {k.shape1} splits an axis of positions; "
+                f"only the features (channels) are chunked here: index positions with x[..., a:b].")
+        return index_layer(k.shape1).kernel_fn(k)
+
+    return Layer(lambda key, shape: index_layer(tuple(shape)).init_fn(key, shape),
+                 lambda params, x: index_layer(x.shape).apply_fn(params, x), kernel_fn,
+                 full_spatial=False, affine=True)
+
+
 def Reduce(dims: Sequence[int], keepdim: bool = False, mean: bool = True,
            name: str = "mean") -> Layer:
     """torch's ``x.mean(dims, keepdim)`` (``mean=False``: ``x.sum``) over non-batch ``dims``.

@@ -1,4 +1,4 @@
-"""Normalization layers: LayerNorm and BatchNorm (a kernel rule in eval mode; in training mode,
+"""Normalization layers: LayerNorm, RMSNorm and BatchNorm (a kernel rule in eval mode; in training mode,
 the exact forward only)."""
 
 from __future__ import annotations
@@ -32,62 +32,99 @@ def LayerNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | Non
     Example:
         >>> layer = LayerNorm((64,), 1e-5, weight=1.0, bias=0.0)
     """
+    return _normalization("LayerNorm", tuple(normalized_shape), eps, weight, bias, centred=True)
 
-    n_axes = len(normalized_shape)
+
+def RMSNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | None = None) -> Layer:
+    """torch's ``nn.RMSNorm(normalized_shape, eps)`` (and Llama's): ``x / sqrt(mean(x**2) + eps)
+    * weight``, over the same axes as :func:`LayerNorm`'s (per token for ``(N, T, d)``).
+
+    ``weight``: the scale's value, constant over its entries (None: no scale); a size -1 in
+    ``normalized_shape`` takes the input's, whatever it is (a hand-written norm of the last axis).
+    Kernel: in the
+    infinite-width limit the mean square over the normalized entries is the mean of the covariance
+    diagonal ``v`` (a law of large numbers over i.i.d. units, for any input distribution, so no
+    centring is needed), hence ``K -> K / sqrt((v1 + eps)(v2 + eps))``, the NTK likewise; a trained
+    ``weight`` multiplies both by ``weight**2`` and adds the normalized NNGP to the NTK (its
+    gradient is the normalized input).
+
+    Example:
+        >>> layer = RMSNorm((64,), 1e-6, weight=1.0)
+    """
+    return _normalization("RMSNorm", tuple(normalized_shape), eps, weight, None, centred=False)
+
+
+def _normalization(name: str, shape: tuple[int, ...], eps: float, weight: float | None,
+                   bias: float | None, centred: bool) -> Layer:
+    """LayerNorm (``centred``: the mean subtracted) or RMSNorm over the last ``len(shape)`` axes."""
+    n_axes = len(shape)
 
     def init_fn(key, input_shape):
-        if (tuple(input_shape[-n_axes:]) != tuple(normalized_shape)
-                or len(input_shape) - n_axes not in (1, 2)):
-            raise ShapeError(f"normalizes over {tuple(normalized_shape)}, which must be the whole "
-                             f"per-example shape or each token's features (N, T, d), got inputs "
+        normalized = tuple(input_shape[-n_axes:])
+        if (len(input_shape) - n_axes not in (1, 2)
+                or any(s not in (-1, n) for s, n in zip(shape, normalized))):
+            raise ShapeError(f"normalizes over {shape}, which must be the whole per-example shape "
+                             f"or each token's features (N, T, d), got inputs "
                              f"{tuple(input_shape)}")
         fresh = {"weight": (weight, jnp.ones), "bias": (bias, jnp.zeros)}  # torch's own init
-        return tuple(input_shape), {name: init(tuple(normalized_shape))
-                                    for name, (value, init) in fresh.items() if value is not None}
+        return tuple(input_shape), {key: init(shape) for key, (value, init) in fresh.items()
+                                    if value is not None}
 
     def apply_fn(params, x):
         axes = tuple(range(x.ndim - n_axes, x.ndim))
-        mean = x.mean(axes, keepdims=True)
-        var = jnp.square(x - mean).mean(axes, keepdims=True)
-        y = (x - mean) * jax.lax.rsqrt(var + eps)
+        x = x - x.mean(axes, keepdims=True) if centred else x
+        y = x * jax.lax.rsqrt(jnp.square(x).mean(axes, keepdims=True) + eps)
         if "weight" in params:
             y = y * params["weight"]
         return y + params["bias"] if "bias" in params else y
 
     def kernel_fn(k: Kernel) -> Kernel:
-        per_token = len(k.shape1) - n_axes == 2
-        if per_token and not k.tokens:
-            raise ShapeError(
-                f"LayerNorm{tuple(normalized_shape)} of inputs {k.shape1} normalizes the last "
-                f"axis: a kernel rule for sequences (N, T, d), features last, but its input here "
-                f"is channels first, its last axis positions. Normalize the whole per-example "
-                f"shape, or use ntbridge.empirical_ntk.")
-        if not k.is_gaussian:
-            raise UnsupportedLayerError(
-                "LayerNorm's kernel rule needs a zero-mean Gaussian input (the output of a "
-                "Linear/Conv layer or of another LayerNorm); its input here has a nonzero mean per "
-                "example. Put an affine layer before it, or use ntbridge.empirical_ntk.")
-        v1, v2 = (_diagonal_variances(c, k.diagonal_spatial) for c in (k.cov1, k.cov2))
-        if per_token:  # each token of (N, T, d) on its own: variances (N, T)
-            v1, v2 = v1 + eps, v2 + eps
-            both = lambda va, vb, pairs: _token_pairs(va, vb, pairs, k.diagonal_spatial)
-            scaled = lambda a: a * both(v1, v2, True)  # a kernel of x1 and x2 examples
-            cov = lambda c, v: c * both(v, v, False)   # each example's with itself
-        else:
-            v1, v2 = (v.reshape(v.shape[0], -1).mean(1) + eps for v in (v1, v2))
-            pad = (1,) * (k.nngp.ndim - 2)
-            scale = lambda a, va, vb: a * jax.lax.rsqrt(va) * jax.lax.rsqrt(vb)
-            scaled = lambda a: scale(a, v1.reshape(-1, 1, *pad), v2.reshape(1, -1, *pad))
-            cov = lambda c, v: scale(c, v.reshape(-1, *pad), v.reshape(-1, *pad))
-        nngp = scaled(k.nngp)
-        w2 = 1.0 if weight is None else weight ** 2
-        b2 = 0.0 if bias is None else bias ** 2
-        own = (0.0 if weight is None else nngp) + (0.0 if bias is None else 1.0)
-        ntk = None if k.ntk is None else w2 * scaled(k.ntk) + own
-        return k.replace(nngp=w2 * nngp + b2, ntk=ntk, cov1=w2 * cov(k.cov1, v1) + b2,
-                         cov2=w2 * cov(k.cov2, v2) + b2, is_gaussian=b2 == 0)  # else not centred
+        _check_input(name, shape, k, centred)
+        return _normalized(k, n_axes, eps, weight, bias)
 
     return Layer(init_fn, apply_fn, kernel_fn)
+
+
+def _check_input(name: str, shape: tuple[int, ...], k: Kernel, centred: bool) -> None:
+    """ShapeError for a per-token norm of channels-first inputs; UnsupportedLayerError for a
+    LayerNorm (``centred``) of an input that is not a zero-mean Gaussian."""
+    if len(k.shape1) - len(shape) == 2 and not k.tokens:
+        raise ShapeError(
+            f"{name}{shape} of inputs {k.shape1} normalizes the last axis: a kernel rule for "
+            f"sequences (N, T, d), features last, but its input here is channels first, its last "
+            f"axis positions. Normalize the whole per-example shape, or use "
+            f"ntbridge.empirical_ntk.")
+    if centred and not k.is_gaussian:
+        raise UnsupportedLayerError(
+            "LayerNorm's kernel rule needs a zero-mean Gaussian input (the output of a "
+            "Linear/Conv layer or of another LayerNorm); its input here has a nonzero mean per "
+            "example. Put an affine layer before it, or use ntbridge.empirical_ntk.")
+
+
+def _normalized(k: Kernel, n_axes: int, eps: float, weight: float | None,
+                bias: float | None) -> Kernel:
+    """``k`` divided by ``sqrt((v1 + eps)(v2 + eps))`` (``v``: the mean of each example's, or
+    each token's, covariance diagonal), then the affine parameters' terms (see LayerNorm)."""
+    v1, v2 = (_diagonal_variances(c, k.diagonal_spatial) for c in (k.cov1, k.cov2))
+    if len(k.shape1) - n_axes == 2:  # each token of (N, T, d) on its own: variances (N, T)
+        v1, v2 = v1 + eps, v2 + eps
+        both = lambda va, vb, pairs: _token_pairs(va, vb, pairs, k.diagonal_spatial)
+        scaled = lambda a: a * both(v1, v2, True)  # a kernel of x1 and x2 examples
+        cov = lambda c, v: c * both(v, v, False)   # each example's with itself
+    else:
+        v1, v2 = (v.reshape(v.shape[0], -1).mean(1) + eps for v in (v1, v2))
+        pad = (1,) * (k.nngp.ndim - 2)
+        scale = lambda a, va, vb: a * jax.lax.rsqrt(va) * jax.lax.rsqrt(vb)
+        scaled = lambda a: scale(a, v1.reshape(-1, 1, *pad), v2.reshape(1, -1, *pad))
+        cov = lambda c, v: scale(c, v.reshape(-1, *pad), v.reshape(-1, *pad))
+    nngp = scaled(k.nngp)
+    w2 = 1.0 if weight is None else weight ** 2
+    b2 = 0.0 if bias is None else bias ** 2
+    own = (0.0 if weight is None else nngp) + (0.0 if bias is None else 1.0)
+    ntk = None if k.ntk is None else w2 * scaled(k.ntk) + own
+    return k.replace(nngp=w2 * nngp + b2, ntk=ntk, cov1=w2 * cov(k.cov1, v1) + b2,
+                     cov2=w2 * cov(k.cov2, v2) + b2,
+                     is_gaussian=k.is_gaussian and b2 == 0)  # else not centred
 
 
 def _token_pairs(va: jax.Array, vb: jax.Array, pairs: bool, diagonal_spatial: bool):

@@ -148,12 +148,14 @@ def _sample_terms(b: Blocks, z: jax.Array, allowed_n, allowed_m):
     return nngp, ntk
 
 
-def pair_moments(b: Blocks, z: jax.Array, allowed_n, allowed_m, chunk: int):
-    """Means of :func:`_sample_terms` over the points ``z`` ``(R, S, 2T, 2T)`` (all replicates'):
-    each term ``(T, T)`` (the NTK's None without ``b.tv``), ``chunk`` points at a time."""
+def pair_moments(b: Blocks, z: jax.Array, allowed_n, allowed_m, chunk: int,
+                 sample=_sample_terms):
+    """Means of ``sample(b, point, allowed_n, allowed_m)`` (:func:`_sample_terms`, or the rotary
+    rule's) over the points ``z`` ``(R, S, 2T, 2T)`` (all replicates'): each term ``(T, T)`` (the
+    NTK's None without ``b.tv``), ``chunk`` points at a time."""
     z = z.reshape(-1, *z.shape[2:])
     chunk = min(chunk, z.shape[0])
-    terms = jax.vmap(lambda p: _sample_terms(b, p, allowed_n, allowed_m))
+    terms = jax.vmap(lambda p: sample(b, p, allowed_n, allowed_m))
 
     def step(total, points):
         return jax.tree.map(lambda t, v: t + v.sum(0), total, terms(points)), None

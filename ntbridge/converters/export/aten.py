@@ -181,6 +181,13 @@ def _pad(x, pad, value=0.0):
     return lax.pad(x, jnp.asarray(value, x.dtype), pairs)
 
 
+def _cat(tensors, dim=0):
+    """torch's ``cat``, which skips 1-D empty tensors whatever the others' shapes (e.g. the empty
+    caches of Hugging Face models)."""
+    kept = [t for t in tensors if t.shape != (0,)]
+    return jnp.concatenate(kept or tensors[:1], axis=dim)
+
+
 def _identity(x, *args, **kwargs):
     return x
 
@@ -192,7 +199,7 @@ _SHAPES: dict[str, Callable] = {
     "repeat": lambda x, repeats: jnp.tile(x, repeats),
     "slice": lambda x, dim=0, start=None, end=None, step=1: x[_at(x, dim, slice(start, end, step))],
     "select": lambda x, dim, index: x[_at(x, dim, index)],
-    "cat": lambda tensors, dim=0: jnp.concatenate(tensors, axis=dim),
+    "cat": _cat,
     "split_with_sizes": _split_with_sizes,
     "slice_scatter": lambda x, src, dim=0, start=None, end=None, step=1:
         x.at[_at(x, dim, slice(start, end, step))].set(src),

@@ -11,6 +11,7 @@ import functools
 import math
 from typing import Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -123,7 +124,35 @@ def _avg_pool(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_inclu
     return window_sum(x) / window_sum(jnp.ones_like(x))
 
 
+def _attention_mask(mask, is_causal: bool, length: int, source: int, dtype):
+    """The additive mask of ``scaled_dot_product_attention``: a boolean ``mask`` (True: attend) as
+    0/-inf, a float one as it is, ``is_causal`` as the lower triangle of ``(length, source)``."""
+    if is_causal:
+        mask = jnp.tril(jnp.ones((length, source), bool))
+    if mask is None:
+        return jnp.zeros((), dtype)
+    return jnp.where(mask, 0.0, -jnp.inf).astype(dtype) if mask.dtype == jnp.bool_ else mask
+
+
+def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                  is_causal=False, *, scale=None, enable_gqa=False):
+    """``softmax(q k^T * scale + mask) v`` over ``(..., heads, L, E)``; key/value heads repeated for
+    grouped queries; rows with nothing to attend to are 0, as torch's (safe softmax)."""
+    if dropout_p:
+        raise UnsupportedLayerError("attention dropout is not translated: call model.eval().")
+    if key.shape[-3] != query.shape[-3] and query.ndim >= 3:  # grouped-query attention
+        groups = query.shape[-3] // key.shape[-3]
+        key, value = (jnp.repeat(a, groups, axis=-3) for a in (key, value))
+    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+    logits = _matmul(query, key.swapaxes(-1, -2)) * scale
+    logits = logits + _attention_mask(attn_mask, is_causal, *logits.shape[-2:], logits.dtype)
+    attends = jnp.any(logits > -jnp.inf, axis=-1, keepdims=True)
+    weights = jnp.where(attends, jax.nn.softmax(jnp.where(attends, logits, 0.0), axis=-1), 0.0)
+    return _matmul(weights, value)
+
+
 LAYERS: dict[str, Callable] = {
+    "scaled_dot_product_attention": _scaled_dot_product_attention,
     "mm": _matmul, "bmm": _matmul,
     "addmm": lambda bias, a, b, *, beta=1, alpha=1: beta * bias + alpha * _matmul(a, b),
     "convolution": _convolution,

@@ -37,9 +37,14 @@ from torch.export.graph_signature import InputKind, OutputKind
 from ...compat import is_op_overload
 from ...dlpack import check_module, model_dtype, precision, to_jax
 from ...errors import ConversionError, InputError, UnsupportedLayerError
+from ..huggingface import export_settings, is_pretrained
 from .aten import OPS, jax_dtype
 
 Variables = dict[str, jax.Array]
+# attention is translated as one operator (:mod:`.aten_layers`): its decomposition is not always
+# exportable (a view of its transposed output fails for GPT-2)
+_DECOMPOSITIONS = {op: fn for op, fn in torch.export.default_decompositions().items()
+                   if op.overloadpacket is not torch.ops.aten.scaled_dot_product_attention}
 _STATE = (InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 _SYMBOLIC = {torch.sym_max, torch.sym_min, torch.sym_float, torch.sym_int, torch.sym_not,
              torch.sym_sum, torch.sym_ite, torch.sym_sqrt}  # integer arithmetic on sizes
@@ -111,7 +116,8 @@ def translate(model: nn.Module, example: torch.Tensor) -> Translated:
         >>> jnp.allclose(t(to_jax(ids)), to_jax(model(ids).detach()))
     """
     program = export(model, example)
-    translated = Translated(_apply_fn(program), program=program, **_arrays(program, model))
+    translated = Translated(_apply_fn(program, is_pretrained(model)), program=program,
+                            **_arrays(program, model))
     with precision(model_dtype(model)):  # trace once: an untranslated operator fails here, not later
         jax.eval_shape(translated, jax.ShapeDtypeStruct(example.shape, jax_dtype(example.dtype)))
     return translated
@@ -130,8 +136,10 @@ def export(model: nn.Module, example: torch.Tensor) -> ExportedProgram:
         warnings.filterwarnings("ignore", message=".*assigned during export", category=UserWarning)
         warnings.filterwarnings("ignore", message=".*LeafSpec.*deprecated", category=FutureWarning)
         try:
-            program = torch.export.export(model, (example,), dynamic_shapes=({0: Dim("batch")},))
-            return program.run_decompositions()
+            with export_settings(model):
+                program = torch.export.export(model, (example,),
+                                              dynamic_shapes=({0: Dim("batch")},))
+            return program.run_decompositions(_DECOMPOSITIONS)
         except Exception as e:  # torch.export raises many types, each about the model's forward
             raise ConversionError(
                 f"torch.export could not export {type(model).__name__}.forward for inputs of "
@@ -179,10 +187,14 @@ def _reason(e: Exception) -> str:
 
 # ------------------------------------------------------------ the program
 
-def _apply_fn(program: ExportedProgram) -> Callable[[Variables, jax.Array], jax.Array]:
+def _apply_fn(program: ExportedProgram, first_output: bool
+              ) -> Callable[[Variables, jax.Array], jax.Array]:
+    """The program as ``apply_fn``; ``first_output``: the first of several outputs is the model's
+    (a Hugging Face ``ModelOutput``'s first field)."""
     signature = program.graph_signature
     specs = signature.input_specs
     outputs = [i for i, s in enumerate(signature.output_specs) if s.kind == OutputKind.USER_OUTPUT]
+    outputs = outputs[:1] if first_output else outputs
     if len(outputs) != 1 or sum(s.kind == InputKind.USER_INPUT for s in specs) != 1:
         raise ConversionError(f"the model's forward takes {len(signature.user_inputs)} inputs and "
                               f"returns {len(outputs)} outputs; ntbridge models take one tensor "

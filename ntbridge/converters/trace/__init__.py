@@ -5,7 +5,7 @@ nodes, each claimed by the first of the registered node patterns (:mod:`.pattern
 recognises it; the spellings those patterns read are :mod:`.equivalents`' (functional calls as
 module instances), :mod:`.calls`' (attention modules' calls), :mod:`.positions`' (positional
 embeddings, learned tokens), :mod:`.adjacency`'s (aggregation over adjacency matrices) and
-:mod:`.time_major`'s (sequences ``(T, N, d)``); :mod:`.independence` says which branches of sums
+:mod:`.time_major`'s (sequences ``(T, N, d)``), :mod:`.norms`' (hand-written RMSNorm), :mod:`.chunks`' (``h.chunk(n, d)[i]``); :mod:`.independence` says which branches of sums
 and products are uncorrelated.
 """
 

@@ -14,7 +14,7 @@ from ..families import AVG_POOLS, CONVS, DROPOUTS, RESIZES
 from ..functional import FORMS
 from ..geometric import GlobalPool, ends_affine
 from ..graph import Node
-from ..indexing import Index, Reduce, Stack, Unsqueeze
+from ..indexing import Chunk, Index, Reduce, Stack, Unsqueeze
 from ..positions import AddPositions, LearnedToken
 from ..products import Multiply
 from ..structure import SwapLast
@@ -86,7 +86,8 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
 
     Factors are independent in the infinite-width limit when neither is computed from another,
     and every path from the nodes they share into either factor enters a weight layer (Linear,
-    Conv) first: given the shared values, the factors then depend on disjoint sets of fresh
+    Conv) first, or a chunk of a weight layer's features that no other path takes
+    (``a, b = fc(x).chunk(2, -1)``: disjoint sets of units, :func:`_own_chunk`): given the shared values, the factors then depend on disjoint sets of fresh
     zero-mean weights, and the shared values' kernels concentrate as the widths grow. So
     ``fc1(x) * fc2(x)`` and ``F.silu(fc1(h)) * fc2(h)`` are independent, ``h * h``, ``fc(x) *
     relu(fc(x))`` and ``relu(h) * fc(h)`` (``relu(h)`` shares ``h`` directly) are not. A factor's
@@ -96,7 +97,8 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
     ancestors, same = {INPUT: frozenset({INPUT})}, {INPUT: False}
     for n in nodes:
         ancestors[n.index] = frozenset({n.index}).union(*(ancestors[i] for i in n.inputs))
-        same[n.index] = isinstance(n.module, AFFINE) or (
+        same[n.index] = isinstance(n.module, AFFINE) or (isinstance(n.module, Chunk)
+                                                         and same[n.inputs[0]]) or (
             isinstance(n.module, SAME_PER_CHANNEL) and all(same[i] for i in _random_inputs(n)))
     for position, a in enumerate(inputs):
         for b in inputs[position + 1:]:
@@ -109,7 +111,8 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
                 return (f"the factors {_name(nodes, a)} and {_name(nodes, b)} are not independent: "
                         f"they are computed by the same module (its weights are shared)")
             for n in (ancestors[a] | ancestors[b]) - shared:
-                if not isinstance(nodes[n].module, AFFINE) and shared & set(nodes[n].inputs):
+                if not isinstance(nodes[n].module, AFFINE) and shared & set(nodes[n].inputs) and (
+                        not _own_chunk(nodes, n, (ancestors[a] | ancestors[b]) - shared)):
                     common = _name(nodes, max(shared & set(nodes[n].inputs)))
                     return (f"the factors {_name(nodes, a)} and {_name(nodes, b)} may be dependent: "
                             f"{_name(nodes, n)} takes their common input {common} without a "
@@ -120,3 +123,17 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
                     f"(it comes from the model's input, a concatenation or a normalization), "
                     f"and the kernel is their average")
     return ""
+
+
+def _own_chunk(nodes: list[Node], n: int, own: set[int]) -> bool:
+    """Whether node ``n`` is a chunk of a weight layer's features (``stax.Chunk`` refuses other
+    axes) and every other node of ``own`` (the factors' nodes after what they share) that takes
+    that layer's output is a different chunk of the same split: disjoint units, independent."""
+    node = nodes[n]
+    if not isinstance(node.module, Chunk) or node.inputs[0] == INPUT or not isinstance(
+            nodes[node.inputs[0]].module, AFFINE):
+        return False
+    split = lambda m: (m.chunks, m.dim)
+    takers = [nodes[i] for i in own if i != n and node.inputs[0] in nodes[i].inputs]
+    return all(isinstance(m.module, Chunk) and split(m.module) == split(node.module)
+               and m.module.index != node.module.index for m in takers)

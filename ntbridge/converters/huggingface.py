@@ -1,0 +1,68 @@
+"""Hugging Face ``transformers`` models as ntbridge reads them, without importing the library.
+
+A model is one of the library's (:func:`is_pretrained`) only where ``transformers`` is already
+imported (the model's own module imported it): ntbridge never imports it itself. Its weights are
+read as the library initialises them (:func:`init_std`). Such a model's forward returns a ``ModelOutput`` whose first field (``last_hidden_state``, or ``logits`` for a
+model with a head) is what ntbridge takes as the model's output; it is exported without its
+key/value cache (:func:`export_settings`).
+
+Example:
+    >>> model = GPT2Model(GPT2Config(n_embd=16, n_layer=2, n_head=2))
+    >>> is_pretrained(model), is_pretrained(nn.Linear(2, 3))
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Iterator
+
+from torch import nn
+
+
+def is_pretrained(model: nn.Module) -> bool:
+    """Whether ``model`` is a Hugging Face ``PreTrainedModel``."""
+    transformers = sys.modules.get("transformers")
+    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
+
+
+@contextlib.contextmanager
+def export_settings(model: nn.Module) -> Iterator[None]:
+    """While exported, an HF model makes no key/value cache (its output is then tensors only);
+    its configuration is restored afterwards. Any other model is left as it is."""
+    config = getattr(model, "config", None) if is_pretrained(model) else None
+    if config is None or getattr(config, "use_cache", None) is None:
+        yield
+        return
+    use_cache = config.use_cache
+    config.use_cache = False
+    try:
+        yield
+    finally:
+        config.use_cache = use_cache
+
+
+# the classes whose ``_init_weights`` draws nn.Linear/ConvNd and nn.Embedding weights as the
+# library's generic one does (checked in transformers 5.25: BERT's and GPT-2's add other modules'
+# initialisation after calling it; Llama, Mistral, Qwen2 do not override it)
+_GENERIC_INIT = ("PreTrainedModel", "BertPreTrainedModel", "GPT2PreTrainedModel")
+
+
+def init_std(model: nn.Module) -> float | None:
+    """The standard deviation of the normal distribution an HF model draws its ``nn.Linear``,
+    ``nn.ConvNd`` and ``nn.Embedding`` weights from (biases zero, norms' weights one, as
+    ``PreTrainedModel._init_weights`` does): ``config.initializer_range`` (or ``init_std``,
+    ``initializer_factor``, else 0.02). None for a model that is not an HF model, or whose
+    ``_init_weights`` is its own (its weights are then read from their values)."""
+    if not is_pretrained(model):
+        return None
+    owner = type(model)._init_weights.__qualname__.split(".")[0]
+    if owner not in _GENERIC_INIT:
+        return None
+    config = model.config
+    for name in ("initializer_range", "init_std", "initializer_factor"):
+        if hasattr(config, name):
+            return float(getattr(config, name) or 0.02) if name == "initializer_range" else \
+                float(getattr(config, name))
+    return 0.02
