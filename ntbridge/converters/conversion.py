@@ -111,8 +111,8 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
 def _traced(model: nn.Module, options: Options, example: torch.Tensor | None) -> list[Node]:
     """The nodes of ``model``'s forward: traced by torch.fx, or, where that fails and an
     ``example`` input is given, read from its ``torch.export`` graph. When both fail, the error
-    shown is torch.fx's, unless torch.fx could not trace a model that exports: then the export
-    route's (what it does not recognise)."""
+    shown is torch.fx's, unless torch.fx could not trace a model that exports or the export route
+    refuses an attention's spelling: then the export route's (what it does not recognise)."""
     try:
         return fx_nodes(model, options)
     except (ConversionError, UnsupportedLayerError) as fx_error:
@@ -121,7 +121,8 @@ def _traced(model: nn.Module, options: Options, example: torch.Tensor | None) ->
         try:
             return export_nodes(model, example, dataclasses.replace(options, used_names=set()))
         except UnsupportedLayerError as e:
-            raise (e if isinstance(fx_error, ConversionError) else fx_error) from None
+            shown = isinstance(fx_error, ConversionError) or getattr(e, "attention", False)
+            raise (e if shown else fx_error) from None
         except ConversionError:
             raise fx_error from None
 

@@ -93,18 +93,26 @@ def export_nodes(model: nn.Module, example: torch.Tensor, options: Options) -> l
     Example:
         >>> [n.name for n in export_nodes(gpt2, ids, Options())][:3]
         ['wte', 'wpe', 'h.0.ln_1']
+
+    Raises:
+      UnsupportedLayerError: an operation without a rule; its ``attention`` attribute says
+        whether the walk had met an attention's heads (its spelling is then what is refused).
     """
     kwargs = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters \
         else {}
     program = export(model, example, decompose=False, kwargs=kwargs)
     walk = _Walk(model, options, program, example)
-    for node in program.graph.nodes:
-        if node.op == "placeholder":
-            walk.values[node] = walk.inputs[node.name]
-        elif node.op == "call_function":
-            walk.values[node] = _call(walk, node)
-        elif node.op == "output":
-            _output(walk, node)
+    try:
+        for node in program.graph.nodes:
+            if node.op == "placeholder":
+                walk.values[node] = walk.inputs[node.name]
+            elif node.op == "call_function":
+                walk.values[node] = _call(walk, node)
+            elif node.op == "output":
+                _output(walk, node)
+    except UnsupportedLayerError as e:
+        e.attention = any(isinstance(v, HEAD_VALUES[1:]) for v in walk.values.values())
+        raise
     return walk.nodes
 
 
