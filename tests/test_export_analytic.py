@@ -85,7 +85,7 @@ def test_a_residual_block_around_the_attention():
     torch.manual_seed(1)
     model, x = Block().double().eval(), _inputs()
     graph = ntbridge.convert(model, example=x)
-    assert [n.name for n in graph.layers] == ["ln", "attn", "", "", "fc"]
+    assert [n.name for n in graph.layers] == ["ln", "attn", "add", "gelu", "fc"]
     with precision(torch.float64):
         y = np.asarray(graph.apply_fn(graph.params, to_jax(x)))
     np.testing.assert_allclose(y, model(x).detach().numpy(), rtol=1e-12, atol=1e-12)

@@ -31,6 +31,7 @@ from ..graph import Node, make_node
 from ..registry import Options
 from .heads import HEAD_VALUES, Mixed, attention, head_op
 from .operations import HANDLERS
+from .pointwise import Pointwise, module_of, pointwise
 from .standins import ExportedAffine
 from .translator import _where, export
 from .values import Const, Param, Proj, Rows, Seq, dims
@@ -44,6 +45,7 @@ class _Walk:
         self.model, self.options, self.example = model, options, example
         self.nodes: list[Node] = []
         self.values: dict[fx.Node, object] = {}
+        self.made: dict = {}  # the node of each projection or elementwise function read
         signature = program.graph_signature
         params = dict(model.named_parameters(remove_duplicate=False))
         state = {**dict(model.named_buffers(remove_duplicate=False)), **program.constants}
@@ -57,9 +59,10 @@ class _Walk:
                 self.inputs[spec.arg.name] = Const(state[spec.target])
 
     def add(self, name: str, module: nn.Module, inputs: tuple[int, ...], node: fx.Node) -> Seq:
-        """Append the node of ``module`` fed by ``inputs``; its value."""
-        self.nodes.append(make_node(len(self.nodes), name, module, inputs, self.options,
-                                    "" if name else _where(node)))
+        """Append the node of ``module`` fed by ``inputs`` (``name``: its owner's qualified name,
+        or "" for a function: named by ``node``); its value."""
+        self.nodes.append(make_node(len(self.nodes), name or node.name, module, inputs,
+                                    self.options, "" if name else _where(node)))
         return Seq(len(self.nodes) - 1)
 
     def owner(self, param: Param) -> tuple[str, nn.Module]:
@@ -72,7 +75,13 @@ class _Walk:
             if (value.lo, value.hi) != (0, value.out_features):
                 raise UnsupportedLayerError(f"{_where(node)}: a share of a projection's output "
                                             f"is used outside attention; no kernel rule.")
-            return self.affine(value).index
+            if value not in self.made:
+                self.made[value] = self.affine(value).index
+            return self.made[value]
+        if isinstance(value, Pointwise):
+            if value not in self.made:
+                self.made[value] = self.add("", module_of(value), (value.source,), node).index
+            return self.made[value]
         if not isinstance(value, Seq):
             raise UnsupportedLayerError(f"{_where(node)} computes {node.target} of "
                                         f"{type(value).__name__.lower()} values, which has no "
@@ -136,6 +145,8 @@ def _call(walk: _Walk, node: fx.Node):
                                                                                 str(target)))
     if name == "sym_size":
         return Const(walk.example.shape[0] if args[1] == 0 else dims(node.args[0])[args[1]])
+    if name.startswith("_assert") or name.startswith("sym_constrain"):
+        return Const(None)  # checks of dtypes and sizes: nothing computed
     if name == "getitem":
         return args[0][args[1]]
     flat = [a for a in _flat((args, kwargs))]
@@ -147,7 +158,10 @@ def _call(walk: _Walk, node: fx.Node):
         if (found := head_op(name, node, args, kwargs)) is not None:
             return found
         args = tuple(Seq(walk.seq(a, node)) if isinstance(a, Proj) else a for a in args)
-        flat = [a for a in _flat((args, kwargs))]
+    if (found := pointwise(name, target, args, kwargs)) is not None:
+        return found
+    args = tuple(Seq(walk.seq(a, node)) if isinstance(a, Pointwise) else a for a in args)
+    flat = [a for a in _flat((args, kwargs))]
     if not any(isinstance(a, (Seq, Param, Rows)) for a in flat):
         return _constant(target, args, kwargs)
     handler = HANDLERS.get(name)

@@ -253,8 +253,9 @@ def head_op(name: str, node, args: tuple, kwargs: dict):
         return value
     elif (found := _layout(name, node, value, args)) is not None:
         return found
-    if isinstance(value, Proj) and name not in _VIEWS | {"transpose", "permute"}:
-        return None
+    plain = not any(isinstance(a, (Heads, Logits, Mixed)) for a in args)
+    if plain and name not in _VIEWS | {"transpose", "permute"}:
+        return None  # a projection used as a plain Linear layer
     raise _refuse(f"{name} of {type(value).__name__.lower()} values")
 
 

@@ -46,6 +46,8 @@ def _alias(walk, node, args, kwargs):
             raise UnsupportedLayerError(f"{_where(node)} drops units in training mode; call "
                                         f"model.eval().")
         return args[0]
+    if isinstance(args[0], (Rows, Param)) and node.target.__name__.startswith("to"):
+        return args[0]  # to the dtype and device it has
     raise UnsupportedLayerError(f"{_where(node)}: {node.target} of a parameter has no kernel rule.")
 
 

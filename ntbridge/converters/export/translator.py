@@ -132,8 +132,9 @@ def export(model: nn.Module, example: torch.Tensor, decompose: bool = True,
         warnings.filterwarnings("ignore", message=".*assigned during export", category=UserWarning)
         warnings.filterwarnings("ignore", message=".*LeafSpec.*deprecated", category=FutureWarning)
         try:
-            program = torch.export.export(model, (example,), kwargs=kwargs,
-                                          dynamic_shapes=({0: Dim("batch")},))
+            kwargs = kwargs or {}
+            program = torch.export.export(model, (example,), kwargs=kwargs, dynamic_shapes=(
+                {0: Dim("batch")}, *[None] * len(kwargs)))
             return program.run_decompositions() if decompose else program
         except Exception as e:  # torch.export raises many types, each about the model's forward
             raise ConversionError(
