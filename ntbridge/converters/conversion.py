@@ -123,8 +123,9 @@ def _traced(model: nn.Module, options: Options, example: torch.Tensor | None) ->
         except UnsupportedLayerError as e:
             shown = isinstance(fx_error, ConversionError) or getattr(e, "attention", False)
             raise (e if shown else fx_error) from None
-        except ConversionError:
-            raise fx_error from None
+        except ConversionError as e:
+            raise type(fx_error)(f"{fx_error} The route over torch.export failed too: {e}",
+                                 *fx_error.args[1:]) from None
 
 
 def _signature(options: Options, nodes: list[Node], values: bool) -> tuple:

@@ -38,6 +38,10 @@ from .values import Const, Param, Proj, Rows, Seq, dims
 
 
 
+_MISSING = {"RMSNorm": ": RMSNorm, x * rsqrt(mean(x ** 2) + eps) * w, has no kernel rule yet "
+                       "(nor have rotary position embeddings)"}
+
+
 class _Walk:
     """The state of :func:`export_nodes`' walk."""
 
@@ -132,6 +136,8 @@ def _output(walk: _Walk, node: fx.Node) -> None:
         raise ConversionError(f"{type(walk.model).__name__}.forward returns {len(results)} "
                               f"tensors; ntbridge models return one tensor.")
     index = walk.seq(results[0], node)
+    if many:  # the other fields (a pooled output) are computed after, from it
+        del walk.nodes[index + 1:]
     if index == INPUT or index != len(walk.nodes) - 1:
         raise ConversionError(f"{type(walk.model).__name__}.forward returns a tensor computed "
                               f"before its last operation; return the last one.")
@@ -166,9 +172,11 @@ def _call(walk: _Walk, node: fx.Node):
         return _constant(target, args, kwargs)
     handler = HANDLERS.get(name)
     if handler is None:
+        missing = next((why for kind, why in _MISSING.items() if kind in _where(node)), "")
         raise UnsupportedLayerError(
             f"{_where(node)} computes aten.{name}, which has no kernel rule on the analytic route "
-            f"over exported graphs. Its empirical kernels work: ntbridge.empirical_ntk(model, x).")
+            f"over exported graphs{missing}. Its empirical kernels work: "
+            f"ntbridge.empirical_ntk(model, x).")
     return handler(walk, node, args, kwargs)
 
 

@@ -256,6 +256,9 @@ def head_op(name: str, node, args: tuple, kwargs: dict):
     plain = not any(isinstance(a, (Heads, Logits, Mixed)) for a in args)
     if plain and name not in _VIEWS | {"transpose", "permute"}:
         return None  # a projection used as a plain Linear layer
+    if name == "mul" and any(isinstance(a, Const) for a in args):
+        raise _refuse("queries or keys multiplied by constants of the positions (rotary position "
+                      "embeddings, as Llama's), which have no kernel rule here yet")
     raise _refuse(f"{name} of {type(value).__name__.lower()} values")
 
 

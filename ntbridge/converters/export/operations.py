@@ -15,16 +15,17 @@ from torch import nn
 
 from ...errors import UnsupportedLayerError
 from ...stax import INPUT
-from ..combinators import Add
+from ..combinators import Add, Concat
 from ..indexing import Index, Reduce
-from ..positions import AddPositions
+from ..positions import AddPositions, AddRow, LearnedToken
+from ..structure import SwapLast
 from ..trace.independence import correlated
 from .translator import _where
 from .values import Const, Param, Proj, Rows, Seq, dims
 
 ALIASES = {"contiguous", "clone", "alias", "detach", "dropout", "lift_fresh_copy", "detach_",
            "_to_copy", "to"}
-_VIEWS = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "expand"}
+_VIEWS = {"view", "reshape", "_unsafe_view", "unflatten"}
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "silu": nn.SiLU,
                 "elu": nn.ELU, "softplus": nn.Softplus, "mish": nn.Mish}
 
@@ -89,13 +90,17 @@ def _positions(walk, node, x: Seq, b) -> Seq:
     name, module = walk.owner(param)
     attr = param.name.rpartition(".")[2]
     t = dims(node)[-2]
+    init_std = 1.0 if isinstance(module, nn.Embedding) else None
     if isinstance(b, Rows):
         rows = b.ids.reshape(-1, b.ids.shape[-1])
+        if (rows == rows.flatten()[0]).all():
+            row = AddRow(attr, param.tensor, int(rows.flatten()[0]), init_std=init_std)
+            return walk.add(name, row, (x.index,), node)
         if not (rows == torch.arange(t)).all():
             raise UnsupportedLayerError(
                 f"{_where(node)} adds the rows {b.ids.flatten()[:8].tolist()}... of "
-                f"'{param.name}' to the tokens; only positions 0, 1, ..., T-1 have a rule here.")
-    init_std = 1.0 if isinstance(module, nn.Embedding) else None
+                f"'{param.name}' to the tokens; only positions 0, 1, ..., T-1 and one row for "
+                f"every token have a rule here.")
     return walk.add(name, AddPositions(attr, param.tensor, prefix=True, init_std=init_std),
                     (x.index,), node)
 
@@ -138,7 +143,47 @@ def _mean(walk, node, args, kwargs):
     return walk.add("", Reduce(dim, keep), (args[0].index,), node)
 
 
+def _conv(walk, node, args, kwargs):
+    name, module = walk.owner(args[1])
+    if not isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        raise UnsupportedLayerError(f"{_where(node)}: a convolution by a parameter of "
+                                    f"{type(module).__name__}, not of a ConvNd module.")
+    return walk.add(name, module, (walk.seq(args[0], node),), node)
+
+
+def _flatten(walk, node, args, kwargs):
+    before, after = dims(node.args[0]), dims(node)
+    if before[-1] == after[-1]:
+        return _view(walk, node, args, kwargs)
+    start = args[1] if len(args) > 1 else 0
+    end = args[2] if len(args) > 2 else -1
+    return walk.add("", nn.Flatten(start, end), (walk.seq(args[0], node),), node)
+
+
+def _transpose(walk, node, args, kwargs):
+    if {a % len(dims(node)) for a in args[1:3]} != {1, 2} or len(dims(node)) != 3:
+        raise UnsupportedLayerError(f"{_where(node)}: transpose{tuple(args[1:3])}; only (N, C, L) "
+                                    f"<-> (N, L, C), transpose(1, 2), has a rule here.")
+    return walk.add("", SwapLast(), (walk.seq(args[0], node),), node)
+
+
+def _expand(walk, node, args, kwargs):
+    if isinstance(args[0], Param) and args[0].tensor.shape[:2] == (1, 1):
+        name, _ = walk.owner(args[0])
+        attr = args[0].name.rpartition(".")[2]
+        return walk.add(name, LearnedToken(attr, args[0].tensor), (INPUT,), node)
+    return _view(walk, node, args, kwargs)
+
+
+def _cat(walk, node, args, kwargs):
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    inputs = tuple(walk.seq(a, node) for a in args[0])
+    return walk.add("", Concat(dim, correlated(walk.nodes, inputs)), inputs, node)
+
+
 HANDLERS = {"linear": _linear, "addmm": _linear, "embedding": _embedding, "add": _add,
             "layer_norm": _layer_norm, "gelu": _activation, "select": _select, "slice": _slice,
             "mean": _mean, **{n: _alias for n in ALIASES}, **{n: _view for n in _VIEWS},
+            "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "flatten": _flatten,
+            "transpose": _transpose, "expand": _expand, "cat": _cat,
             **{n: _activation for n in _ACTIVATIONS}}
