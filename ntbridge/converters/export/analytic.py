@@ -84,7 +84,8 @@ class _Walk:
             return self.made[value]
         if isinstance(value, Pointwise):
             if value not in self.made:
-                self.made[value] = self.add("", module_of(value), (value.source,), node).index
+                self.made[value] = self.add("", module_of(value), (value.source,),
+                                            value.node).index
             return self.made[value]
         if not isinstance(value, Seq):
             raise UnsupportedLayerError(f"{_where(node)} computes {node.target} of "
@@ -164,7 +165,7 @@ def _call(walk: _Walk, node: fx.Node):
         if (found := head_op(name, node, args, kwargs)) is not None:
             return found
         args = tuple(Seq(walk.seq(a, node)) if isinstance(a, Proj) else a for a in args)
-    if (found := pointwise(name, target, args, kwargs)) is not None:
+    if (found := pointwise(name, node, args, kwargs)) is not None:
         return found
     args = tuple(Seq(walk.seq(a, node)) if isinstance(a, Pointwise) else a for a in args)
     flat = [a for a in _flat((args, kwargs))]

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Callable
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from ..elementwise import Elementwise, Step
 from .aten import OPS
@@ -29,12 +29,13 @@ _KNOWN = (lambda: nn.GELU("tanh"), lambda: nn.GELU(), nn.SiLU, nn.Tanh, nn.Sigmo
 @dataclasses.dataclass(frozen=True)
 class Pointwise:
     """``fn(x)`` of the converted tensor ``source``, elementwise; ``torch_fn``/``jax_fn``: the
-    function in each library; ``name``: the ATen operations it composes."""
+    function in each library; ``name``: the ATen operations it composes; ``node``: the last."""
 
     source: int
     torch_fn: Callable
     jax_fn: Callable
     name: str
+    node: fx.Node
 
 
 def _lifted(value, source: int):
@@ -46,7 +47,7 @@ def _lifted(value, source: int):
     return (lambda x: value), (lambda x: value)
 
 
-def pointwise(name: str, target, args: tuple, kwargs: dict) -> Pointwise | None:
+def pointwise(name: str, node: fx.Node, args: tuple, kwargs: dict) -> Pointwise | None:
     """The value of elementwise operation ``name`` on tensors of one source and numbers; None if
     it is not one (two sources: a residual sum, a product of branches)."""
     if name not in POINTWISE or kwargs.get("alpha", 1) != 1:
@@ -60,12 +61,12 @@ def pointwise(name: str, target, args: tuple, kwargs: dict) -> Pointwise | None:
     (source,) = sources
     if all(isinstance(a, Seq) for a in tensors) and len(tensors) > 1:
         return None  # x + x: a sum of one tensor, converted as such
-    lifted = [_lifted(a, source) for a in args]
+    lifted, target = [_lifted(a, source) for a in args], node.target
     jax_op = OPS[target.overloadpacket]
     names = "(" + ", ".join(a.name if isinstance(a, Pointwise) else "x" if isinstance(a, Seq)
                             else repr(a) for a in args) + ")"
     return Pointwise(source, lambda x: target(*[t(x) for t, _ in lifted]),
-                     lambda x: jax_op(*[j(x) for _, j in lifted]), f"{name}{names}")
+                     lambda x: jax_op(*[j(x) for _, j in lifted]), f"{name}{names}", node)
 
 
 def module_of(value: Pointwise) -> nn.Module:
