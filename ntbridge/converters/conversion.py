@@ -24,6 +24,7 @@ from .graph import Graph, Node, make_node
 from .registry import ATTENTION_POINTS, Options, StdOption, as_float, find_converter
 from .reuse import check_reuse, children
 from .trace import fx_nodes
+from .trace.calls import ATTENTION_MODULES
 
 
 def _leaves(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
@@ -111,8 +112,9 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
 def _traced(model: nn.Module, options: Options, example: torch.Tensor | None) -> list[Node]:
     """The nodes of ``model``'s forward: traced by torch.fx, or, where that fails and an
     ``example`` input is given, read from its ``torch.export`` graph. When both fail, the error
-    shown is torch.fx's, unless torch.fx could not trace a model that exports or the export route
-    refuses an attention's spelling: then the export route's (what it does not recognise)."""
+    shown is torch.fx's, unless torch.fx could not trace a model that exports, or the export route
+    refuses the spelling of a hand-written attention (no torch attention module in the model):
+    then the export route's (what it does not recognise)."""
     try:
         return fx_nodes(model, options)
     except (ConversionError, UnsupportedLayerError) as fx_error:
@@ -121,7 +123,9 @@ def _traced(model: nn.Module, options: Options, example: torch.Tensor | None) ->
         try:
             return export_nodes(model, example, dataclasses.replace(options, used_names=set()))
         except UnsupportedLayerError as e:
-            shown = isinstance(fx_error, ConversionError) or getattr(e, "attention", False)
+            hand_written = not any(isinstance(m, ATTENTION_MODULES) for m in model.modules())
+            shown = isinstance(fx_error, ConversionError) or (
+                getattr(e, "attention", False) and hand_written)
             raise (e if shown else fx_error) from None
         except ConversionError as e:
             raise type(fx_error)(f"{fx_error} The route over torch.export failed too: {e}",
