@@ -20,8 +20,9 @@ from ..elementwise import Elementwise, Step
 from .aten import OPS
 from .values import Seq
 
+# smooth functions only: the numerical rule finds no kinks (abs, sign, roots are refused)
 POINTWISE = {"mul", "add", "sub", "rsub", "div", "pow", "tanh", "exp", "erf", "neg", "sin",
-             "cos", "sigmoid", "square", "sqrt", "abs"}
+             "cos", "sigmoid", "square"}
 # modules a written-out function may equal (checked on a grid, float64): their own rules serve
 _KNOWN = (lambda: nn.GELU("tanh"), lambda: nn.GELU(), nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Mish)
 
@@ -52,6 +53,9 @@ def pointwise(name: str, node: fx.Node, args: tuple, kwargs: dict) -> Pointwise 
     it is not one (two sources: a residual sum, a product of branches)."""
     if name not in POINTWISE or kwargs.get("alpha", 1) != 1:
         return None
+    if name == "pow" and not (isinstance(args[1], (int, float)) and float(args[1]).is_integer()
+                              and args[1] >= 1):
+        return None  # positive integer powers only
     tensors = [a for a in args if isinstance(a, (Seq, Pointwise))]
     numbers = all(isinstance(a, (Seq, Pointwise, int, float)) and not isinstance(a, bool)
                   for a in args)
