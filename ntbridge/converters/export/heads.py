@@ -21,7 +21,7 @@ import torch
 
 from ...errors import UnsupportedLayerError
 from .standins import ExportedAttention, Projection
-from .values import Const, Proj, both, dims
+from .values import Const, Proj, both, dims, regroup
 
 RECOGNISED = (
     "The recognised form of self-attention: queries, keys and values projected from one sequence "
@@ -79,29 +79,6 @@ def _refuse(what: str) -> UnsupportedLayerError:
                                  f"here. {RECOGNISED}")
 
 
-def _regroup(axes: tuple[str, ...], before: tuple, after: tuple, group: int):
-    """The axes after a reshape from ``before`` to ``after`` (split or merge of one pair of
-    adjacent axes), and the repeat count; None if it is no such reshape."""
-    if before == after:
-        return axes, group
-    i = 0
-    while i < min(len(before), len(after)) and before[i] == after[i]:
-        i += 1
-    j = 0
-    while j < min(len(before), len(after)) - i and before[-1 - j] == after[-1 - j]:
-        j += 1
-    mid_in, mid_out = axes[i:len(axes) - j], after[i:len(after) - j]
-    merges = {("H", "D"): "F", ("N", "T"): "NT", ("H", "R"): "H"}
-    if len(mid_in) == 1 and len(mid_out) == 2:
-        split = {"F": ("H", "D"), "NT": ("N", "T")}.get(mid_in[0])
-        return (None if split is None else (axes[:i] + split + axes[len(axes) - j:], group))
-    if len(mid_in) == 2 and len(mid_out) == 1 and tuple(mid_in) in merges:
-        merged = merges[tuple(mid_in)]
-        repeat = before[i + 1] if merged == "H" and mid_in[1] == "R" else 1
-        return axes[:i] + (merged,) + axes[len(axes) - j:], group * repeat
-    return None
-
-
 def _laid_out(value, axes: tuple[str, ...], shape: tuple, group: int):
     """``value`` with new axes (same kind); a projection's tokens and features as they were, the
     projection itself."""
@@ -128,7 +105,7 @@ def _layout(name: str, node, value, args) -> object | None:
     axes, shape = value.axes, dims(node)
     group = getattr(value, "group", 1)
     if name in _VIEWS:
-        found = _regroup(axes, before, shape, group)
+        found = regroup(axes, before, shape, group)
         if found is None:
             raise _refuse(f"a reshape from {before} to {shape} of axes {axes}")
         return _laid_out(value, found[0], shape, found[1])

@@ -82,3 +82,28 @@ def dims(node) -> tuple:
 def both(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
     """The keys both ``a`` and ``b`` allow (None: every key)."""
     return a if b is None else b if a is None else a & b
+
+
+def regroup(axes: tuple[str, ...], before: tuple, after: tuple, group: int):
+    """The axes after a reshape from ``before`` to ``after`` (split or merge of one pair of
+    adjacent axes: features into heads ``F -> (H, D)`` and back, examples and tokens into rows
+    ``(N, T) -> NT`` and back, a head's copies into heads ``(H, R) -> H``), and the repeat count
+    ``group`` times the copies merged; None if it is no such reshape."""
+    if before == after:
+        return axes, group
+    i = 0
+    while i < min(len(before), len(after)) and before[i] == after[i]:
+        i += 1
+    j = 0
+    while j < min(len(before), len(after)) - i and before[-1 - j] == after[-1 - j]:
+        j += 1
+    mid_in, mid_out = axes[i:len(axes) - j], after[i:len(after) - j]
+    merges = {("H", "D"): "F", ("N", "T"): "NT", ("H", "R"): "H"}
+    if len(mid_in) == 1 and len(mid_out) == 2:
+        split = {"F": ("H", "D"), "NT": ("N", "T")}.get(mid_in[0])
+        return (None if split is None else (axes[:i] + split + axes[len(axes) - j:], group))
+    if len(mid_in) == 2 and len(mid_out) == 1 and tuple(mid_in) in merges:
+        merged = merges[tuple(mid_in)]
+        repeat = before[i + 1] if merged == "H" and mid_in[1] == "R" else 1
+        return axes[:i] + (merged,) + axes[len(axes) - j:], group * repeat
+    return None
