@@ -1,8 +1,8 @@
 """The analytic route over a ``torch.export`` graph: models torch.fx cannot trace (Hugging Face's,
 nanoGPT's) converted into the same stax rules as the fx route's.
 
-The model is exported for its example input (a dynamic batch axis, the sequence length fixed),
-without decomposition, so that its ATen graph keeps ``linear``, ``layer_norm``, ``embedding``,
+The model is exported for its example input (a dynamic batch axis, the sequence length fixed;
+once per model and example shape, kept in :mod:`ntbridge.programs`), without decomposition, so that its ATen graph keeps ``linear``, ``layer_norm``, ``embedding``,
 ``gelu``, ``softmax`` and ``scaled_dot_product_attention`` whole. :func:`export_nodes` walks it
 once, keeping for every graph value what it is (:mod:`.values`): a converted tensor, a constant of
 the buffers and sizes (computed here: causal masks sliced to the length, position ids), a
@@ -25,6 +25,7 @@ import torch
 from torch import fx, nn
 from torch.export.graph_signature import InputKind
 
+from ... import programs
 from ...errors import ConversionError, UnsupportedLayerError
 from ...stax import INPUT
 from ..graph import Node, make_node
@@ -33,7 +34,7 @@ from .heads import HEAD_VALUES, Mixed, attention, head_op
 from .operations import HANDLERS
 from .pointwise import Pointwise, module_of, pointwise
 from .standins import ExportedAffine
-from .translator import _where, export
+from .translator import _where, cache_key, export
 from .values import Const, Param, Proj, Rows, Seq, dims
 
 
@@ -114,7 +115,8 @@ def export_nodes(model: nn.Module, example: torch.Tensor, options: Options) -> l
     """
     kwargs = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters \
         else {}
-    program = export(model, example, decompose=False, kwargs=kwargs)
+    key = programs.ProgramKey.of("exported graph", cache_key(model, example), ())
+    program = programs.cached(key, lambda: export(model, example, decompose=False, kwargs=kwargs))
     walk = _Walk(model, options, program, example)
     try:
         for node in program.graph.nodes:
