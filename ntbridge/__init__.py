@@ -29,7 +29,7 @@ _EXPORTS = {  # public name -> (module, attribute)
     "Estimate": ("results", "Estimate"), "empirical_nngp": ("api", "empirical_nngp"),
     "empirical_ntk": ("api", "empirical_ntk"), "kernel": ("api", "kernel"),
     "expectation_error": ("api", "expectation_error"),
-    "monte_carlo": ("api", "monte_carlo"), "nngp": ("api", "nngp"), "ntk": ("api", "ntk"),
+    "monte_carlo": ("api", "monte_carlo"), "sample_seed": ("api", "sample_seed"), "nngp": ("api", "nngp"), "ntk": ("api", "ntk"),
     "Graph": ("converters", "Graph"), "Kernels": ("results", "Kernels"),
     "convert": ("converters", "convert"), "register_converter": ("converters", "register"),
     "features": ("gp.features", "features"), "nystrom_features": ("gp.nystrom", "nystrom_features"),
@@ -43,7 +43,7 @@ __all__ = sorted([*_EXPORTS, *_MODULES])
 if TYPE_CHECKING:  # what the lazy imports bind, for type checkers and editors
     from . import analysis, errors, predict, programs, stax, testing, tiling  # noqa: F401
     from .api import (empirical_nngp, empirical_ntk, expectation_error, kernel,  # noqa: F401
-                      monte_carlo, nngp, ntk)
+                      monte_carlo, nngp, ntk, sample_seed)
     from .converters import Graph, convert  # noqa: F401
     from .converters import register as register_converter  # noqa: F401
     from .gp.features import features  # noqa: F401

@@ -26,6 +26,7 @@ from .converters import batch_statistics
 from .converters.registry import ATTENTION_POINTS, StdOption
 from .dlpack import check_module
 from .empirical import sample_counts
+from .empirical.reinit import sample_seed  # noqa: F401  (public: the seeding of samples)
 from .errors import BatchStatisticsWarning, InputError, warn
 from .pipeline import Request, run
 from .results import Kernels
@@ -232,7 +233,7 @@ def monte_carlo(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = No
         :class:`Estimate` at each of those counts (the samples are shared, not redrawn).
       get: ``"ntk"`` or ``"nngp"`` (the outputs' products ``f(x1) f(x2)``).
       seed: the samples are ``fold_in(key(seed), s)`` for ``s = 0, 1, ...`` (translated models:
-        ``torch.manual_seed(sample_seed(seed, s))``).
+        ``torch.manual_seed(ntbridge.sample_seed(seed, s))``).
       trace_axes, diagonal_axes: as :func:`empirical_ntk`.
       Other options: as :func:`kernel`.
 

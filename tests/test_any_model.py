@@ -17,7 +17,7 @@ from torch import nn
 
 import ntbridge
 from ntbridge.converters.export import translation as translated
-from ntbridge.empirical.reinit import sample_seed
+from ntbridge import sample_seed
 from ntbridge.errors import UnsupportedLayerError
 
 from export_zoo import ZOO, example

@@ -15,9 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..api import empirical_ntk, kernel
+from ..api import empirical_ntk, kernel, sample_seed
 from ..converters import Graph, convert
-from ..empirical.reinit import sample_seed
 from ..errors import InputError, InputTypeError
 from ..progress import Bar
 from .report import SEED_SPREAD, WidthSweep
@@ -114,7 +113,7 @@ def width_sweep(build: Callable[[int], nn.Module], widths: Sequence[int], x1: to
         ``"ntk"`` (each module's empirical contribution rescaled to the NTK parameterization, whose
         limit is width-independent).
       seed: the model of width ``w`` and seed ``s`` is built after seeding torch with
-        ``ntbridge.empirical.reinit.sample_seed(seed, w, s)`` (``numpy.random.SeedSequence([seed,
+        ``ntbridge.sample_seed(seed, w, s)`` (``numpy.random.SeedSequence([seed,
         w, s])``): independent draws across widths and seeds
         (the global RNG state is restored afterwards).
       implementation: of the empirical NTK (see ``ntbridge.empirical_ntk``).

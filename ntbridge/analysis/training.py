@@ -28,9 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..api import ntk
+from ..api import ntk, sample_seed
 from ..linearize import linearize
-from ..empirical.reinit import sample_seed
 from ..errors import InputError, InputTypeError
 from ..predict import gradient_descent_mse, max_learning_rate
 from .sweep import check_widths, seeded_model
