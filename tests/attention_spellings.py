@@ -115,3 +115,22 @@ class Cross(Separate):
         y = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(memory)),
                                            split(self.v(memory)))
         return self.o(y.transpose(1, 2).reshape(n, t, d))
+
+
+class Padded(nn.Module):
+    """Token ids embedded, then attention whose keys of id ``pad`` are masked by ``masked_fill``
+    of ``(ids == pad)[:, None, None, :]``."""
+
+    def __init__(self, d: int, heads: int, vocab: int = 10, pad: int = 0):
+        super().__init__()
+        self.emb, self.qkv, self.out = nn.Embedding(vocab, d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.heads, self.pad = heads, pad
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        n, t, d = x.shape
+        q, k, v = (a.view(n, t, self.heads, -1).transpose(1, 2) for a in self.qkv(x).split(d, -1))
+        logits = (q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5
+        logits = logits.masked_fill((ids == self.pad)[:, None, None, :], float("-inf"))
+        y = torch.softmax(logits, dim=-1) @ v
+        return self.out(y.transpose(1, 2).reshape(n, t, d))

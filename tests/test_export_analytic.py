@@ -16,7 +16,8 @@ import ntbridge
 from ntbridge import errors
 from ntbridge.dlpack import precision, to_jax
 
-from attention_spellings import Chunked, Cross, Grouped, Rescaled, Separate, Unnormalised
+from attention_spellings import (Chunked, Cross, Grouped, Padded, Rescaled, Separate,
+                                 Unnormalised)
 from montecarlo import fresh_kernels, standard_error, z_scores
 from nanogpt import CausalSelfAttention
 
@@ -89,6 +90,30 @@ def test_a_residual_block_around_the_attention():
     with precision(torch.float64):
         y = np.asarray(graph.apply_fn(graph.params, to_jax(x)))
     np.testing.assert_allclose(y, model(x).detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_padding_mask_of_the_token_ids():
+    class Reference(nn.Module):  # nn.MultiheadAttention with key_padding_mask=(ids == 0)
+        def __init__(self):
+            super().__init__()
+            self.emb, self.attn = nn.Embedding(10, D), nn.MultiheadAttention(D, HEADS,
+                                                                             batch_first=True)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            return self.attn(x, x, x, key_padding_mask=ids == 0, need_weights=False)[0]
+
+    torch.manual_seed(2)
+    model, ids = Padded(D, HEADS).double().eval(), torch.tensor([[3, 4, 0, 0], [5, 1, 2, 0]])
+    graph = ntbridge.convert(model, example=ids)
+    assert graph.layers[1].inputs == (0, -1)  # the attention reads the ids too
+    with precision(torch.float64):
+        y = np.asarray(graph.apply_fn(graph.params, to_jax(ids)))
+    np.testing.assert_allclose(y, model(ids).detach().numpy(), rtol=1e-12, atol=1e-12)
+    stds = dict(W_std=0.6, b_std=0.1)
+    k, reference = (ntbridge.kernel(m, ids, **stds) for m in (model, Reference().double()))
+    for get in ("nngp", "ntk"):
+        torch.testing.assert_close(getattr(k, get), getattr(reference, get), rtol=1e-12, atol=0)
 
 
 @pytest.mark.slow

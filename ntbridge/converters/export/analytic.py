@@ -35,12 +35,15 @@ from .operations import HANDLERS
 from .pointwise import Pointwise, module_of, pointwise
 from .standins import ExportedAffine
 from .translator import _where, cache_key, export
-from .values import Const, Param, Proj, Rows, Seq, dims
+from .values import Const, Padding, Param, Proj, Rows, Seq, dims
 
 
 
 _MISSING = {"RMSNorm": ": RMSNorm, x * rsqrt(mean(x ** 2) + eps) * w, has no kernel rule yet "
                        "(nor have rotary position embeddings)"}
+
+
+_PADDING_VIEWS = {"unsqueeze", "view", "reshape", "slice", "expand", "to", "_to_copy", "alias"}
 
 
 class _Walk:
@@ -156,6 +159,8 @@ def _call(walk: _Walk, node: fx.Node):
         return Const(walk.example.shape[0] if args[1] == 0 else dims(node.args[0])[args[1]])
     if name.startswith("_assert") or name.startswith("sym_constrain"):
         return Const(None)  # checks of dtypes and sizes: nothing computed
+    if (found := _padding(name, node, args)) is not None:
+        return found
     if name == "getitem":
         return args[0][args[1]]
     flat = [a for a in _flat((args, kwargs))]
@@ -181,6 +186,20 @@ def _call(walk: _Walk, node: fx.Node):
             f"over exported graphs{missing}. Its empirical kernels work: "
             f"ntbridge.empirical_ntk(model, x).")
     return handler(walk, node, args, kwargs)
+
+
+def _padding(name: str, node: fx.Node, args) -> Padding | None:
+    """``ids == pad`` of the model's token ids, and its views keeping the keys last."""
+    if name == "eq" and len(args) == 2 and args[0] == Seq(INPUT) and isinstance(args[1], int):
+        return Padding(args[1])
+    if args and isinstance(args[0], Padding):
+        shape = dims(node)
+        if name in _PADDING_VIEWS and all(d == 1 for d in shape[1:-1]):
+            return args[0]
+        raise UnsupportedLayerError(f"{_where(node)}: a key padding mask (ids == pad) is "
+                                    f"used other than as keys[:, None, None, :] masking the "
+                                    f"logits.")
+    return None
 
 
 def _flat(tree):
@@ -214,4 +233,5 @@ def _attention(walk: _Walk, node: fx.Node, name: str, args) -> Seq:
                 f"1/sqrt(d_head) = {d ** -0.5:.6g}; only the latter has a kernel rule here.")
 
     module, prefix, source = attention(mixed, out, check_scale)
-    return walk.add(prefix, module, (source,), node)
+    ids = () if module.padding is None else (INPUT,)
+    return walk.add(prefix, module, (source, *ids), node)

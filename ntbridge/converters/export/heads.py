@@ -21,7 +21,7 @@ import torch
 
 from ...errors import UnsupportedLayerError
 from .standins import ExportedAttention, Projection
-from .values import Const, Proj, both, dims, regroup
+from .values import Const, Padding, Proj, both, dims, regroup
 
 RECOGNISED = (
     "The recognised form of self-attention: queries, keys and values projected from one sequence "
@@ -30,7 +30,9 @@ RECOGNISED = (
     "permute(0, 2, 1, 3) (keys and values repeated for grouped-query heads, repeat_kv); then "
     "F.scaled_dot_product_attention(q, k, v, attn_mask=a constant (T, T) mask, is_causal=..., "
     "enable_gqa=...) or softmax((q @ k.transpose(-2, -1)) * d_head ** -0.5 with "
-    "masked_fill(a constant mask, -inf) or + a constant mask, dim=-1) @ v, scaled by 1/sqrt(d_head); "
+    "masked_fill(a constant mask, -inf) or + a constant mask, dim=-1) @ v, scaled by 1/sqrt(d_head) "
+    "(and a key padding mask of the model's token ids, masked_fill((ids == pad)[:, None, None, :], "
+    "-inf)); "
     "the heads merged by transpose(1, 2) and reshape(N, T, d); then one output projection.")
 _FILL = -1e30  # masked entries: -inf, or the dtype's lowest number (Hugging Face's masks)
 
@@ -55,6 +57,7 @@ class Logits:
     scale: float
     allowed: torch.Tensor | None
     weights: bool = False  # after the softmax
+    padding: int | None = None  # keys whose id is this one are masked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Mixed:
     scale: float | None  # None: scaled_dot_product_attention's default, 1/sqrt(d_head)
     allowed: torch.Tensor | None
     axes: tuple[str, ...]
+    padding: int | None = None
 
 
 HEAD_VALUES = (Proj, Heads, Logits, Mixed)
@@ -164,6 +168,10 @@ def _logits_op(name: str, value: Logits, args, kwargs) -> Logits | None:
     t = value.q.shape[value.q.axes.index("T")]
     if name in ("mul", "div") and number and not value.weights:
         return dataclasses.replace(value, scale=value.scale * (other if name == "mul" else 1 / other))
+    if name == "masked_fill" and isinstance(other, Padding) and not value.weights:
+        if not (isinstance(args[2], (int, float)) and args[2] <= _FILL):
+            raise _refuse(f"masked_fill of the logits with {args[2]!r} (not -inf)")
+        return dataclasses.replace(value, padding=other.id)
     if name == "masked_fill" and isinstance(other, Const) and not value.weights:
         if not (isinstance(args[2], (int, float)) and args[2] <= _FILL):
             raise _refuse(f"masked_fill of the logits with {args[2]!r} (not -inf)")
@@ -183,7 +191,7 @@ def _matmul(a, b) -> Logits | Mixed | None:
             b.axes[-2:] == ("D", "T"):
         return Logits(a, b, 1.0, None)
     if isinstance(a, Logits) and a.weights and isinstance(b, Heads) and b.axes[-2:] == ("T", "D"):
-        return Mixed(a.q, a.k, b, a.scale, a.allowed, a.q.axes)
+        return Mixed(a.q, a.k, b, a.scale, a.allowed, a.q.axes, a.padding)
     return None
 
 
@@ -245,7 +253,8 @@ def _kv_heads(heads: Heads, head_dim: int) -> int:
 
 def attention(mixed: Mixed, out: Proj, check_scale) -> tuple[ExportedAttention, str, int]:
     """The attention node of ``mixed`` projected by ``out``: the module, its name (the qualified
-    name its projections' modules share) and the converted node it reads."""
+    name its projections' modules share) and the converted node it reads (with a key padding
+    mask, the token ids too)."""
     q, k, v = mixed.q, mixed.k, mixed.v
     if mixed.axes not in (("N", "T", "F"), ("NT", "F")):
         raise _refuse(f"an output projection of heads laid out as {mixed.axes}")
@@ -273,5 +282,5 @@ def attention(mixed: Mixed, out: Proj, check_scale) -> tuple[ExportedAttention, 
     params = {rel(p.name): p.tensor for pr in projections for p in (pr.weight, pr.bias) if p}
     shares = [Projection(pr.owner, rel(pr.weight.name), pr.bias and rel(pr.bias.name),
                          pr.transposed, pr.lo, pr.hi) for pr in projections]
-    module = ExportedAttention(params, *shares, h, g, d, mixed.allowed)
+    module = ExportedAttention(params, *shares, h, g, d, mixed.allowed, mixed.padding)
     return module, prefix, q.proj.source

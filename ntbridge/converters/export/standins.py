@@ -117,12 +117,14 @@ class ExportedAttention(nn.Module):
     projected from one sequence ``x`` ``(N, T, E)``, ``heads`` query heads of ``head_dim``
     channels sharing ``kv_heads`` heads of keys and values (grouped-query attention), logits
     ``q k^T / sqrt(head_dim)``, the keys each query may see (``allowed``: a ``(T, T)`` boolean
-    tensor, None for all), softmax, ``@ v``, the heads merged and projected by ``out``."""
+    tensor, None for all; ``padding``: keys whose token id is this one masked, the layer then
+    taking ``(x, ids)``), softmax, ``@ v``, the heads merged and projected by ``out``."""
 
     def __init__(self, parameters: dict[str, nn.Parameter], q: Projection, k: Projection,
                  v: Projection, out: Projection, heads: int, kv_heads: int, head_dim: int,
-                 allowed: torch.Tensor | None):
+                 allowed: torch.Tensor | None, padding: int | None = None):
         super().__init__()
+        self.padding = padding
         hold(self, parameters)
         self.projections = (q, k, v, out)
         self.heads, self.kv_heads, self.head_dim, self.allowed = heads, kv_heads, head_dim, allowed
@@ -142,12 +144,15 @@ def _forward(module: ExportedAttention, mask: jax.Array | None):
     h, g, d = module.heads, module.kv_heads, module.head_dim
 
     def apply_fn(params, x):
+        x, ids = x if module.padding is not None else (x, None)
         split = lambda p, n: p.apply(params, x).reshape(*x.shape[:-1], n, d)
         qs, ks, vs = split(q, h), split(k, g), split(v, g)
         ks, vs = (jnp.repeat(a, h // g, axis=-2) for a in (ks, vs))
         logits = jnp.einsum("nthd,nshd->nhts", qs, ks, precision=_EXACT) / d ** 0.5
         if mask is not None:
             logits = logits + mask
+        if ids is not None:
+            logits = jnp.where((ids == module.padding)[:, None, None, :], -jnp.inf, logits)
         z = jnp.einsum("nhts,nshd->nthd", jax.nn.softmax(logits, axis=-1), vs, precision=_EXACT)
         return out.apply(params, z.reshape(*x.shape[:-1], h * d))
 
@@ -167,6 +172,7 @@ def _init(module: ExportedAttention, stds: list):
 
     def init_fn(key, shape):
         keys = jax.random.split(key, len(first))
+        shape = shape if module.padding is None else shape[0]
         return tuple(shape), {name: _sample(kk, shapes[name], std, dist)
                               for kk, (name, (std, dist)) in zip(keys, first.items())}
 
@@ -188,7 +194,8 @@ def _exported_attention(module: ExportedAttention, ctx: Context) -> stax.Layer:
     base = stax.SelfAttention(e, module.heads, Stds(*W, *biases),
                               parameterization=ctx.parameterization, mask=mask,
                               linear_scaling=ctx.options.attention == "linear",
-                              rule=stax.Rule(points=ctx.options.attention_points))
+                              rule=stax.Rule(points=ctx.options.attention_points),
+                              padding_id=module.padding)
     if ctx.options.attention == "linear":
         raise UnsupportedLayerError("attention='linear' (Neural Tangents' tied variant) is not "
                                     "this model's attention; use the default 'softmax'.")

@@ -46,6 +46,13 @@ class Rows:
 
 
 @dataclasses.dataclass(frozen=True)
+class Padding:
+    """``ids == id`` of the model's token ids, viewed with the keys last: a key padding mask."""
+
+    id: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Proj:
     """``x W^T + b`` of the converted ``source`` (``transposed``: ``x W + b``, a weight stored
     ``(in, out)``), not yet converted: it becomes a Linear node unless an attention takes it.
