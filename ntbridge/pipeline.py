@@ -164,7 +164,7 @@ def model_graph(request: Request, x1: torch.Tensor,
     if request.spec.empirical and not pair_inputs:
         return empirical_graph(request.model, x1, request.conversion, request.weights)
     return convert(request.model if request.weights is None else request.weights,
-                   **request.conversion)
+                   example=x1, **request.conversion)
 
 
 def check_fits(graph: Graph, x1: torch.Tensor, x2: torch.Tensor | None) -> None:

@@ -17,8 +17,9 @@ EXTRAS = {"gpytorch": "gpytorch", "botorch": "botorch", ".plot(": "matplotlib",
           "torch_geometric": "torch_geometric", "transformers": "transformers"}
 # Blocks of more than 2 s (the first in a process pays for importing JAX), by their rank on the
 # page (ids name the line, which moves whenever text above the block changes).
-SLOW = {"README.md#1", "README.md#2", "transformers.md#1", "transformers.md#3", "transformers.md#4",
-        "transformers.md#5", "empirical.md#2", "dynamics.md#1", "gp.md#1", "graphs.md#2"}
+SLOW = {"README.md#1", "README.md#2", "transformers.md#1", "transformers.md#2", "transformers.md#4",
+        "transformers.md#5", "transformers.md#6", "empirical.md#2", "dynamics.md#1", "gp.md#1",
+        "graphs.md#2"}
 
 
 def blocks():

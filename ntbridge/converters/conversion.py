@@ -7,24 +7,27 @@ calls. Importing this module registers the converters of every family.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterator
 
 import torch
 from torch import nn
 
 from ..dlpack import check_module, model_dtype
-from ..errors import InputError
+from ..errors import ConversionError, InputError, UnsupportedLayerError
 from ..stax.description import describe
 from ..stax.sources import SAMPLING
 from . import (activations, aggregation, attention, conv, embedding, encoder,  # noqa: F401
                indexing, linear, normalization, pooling, positions, products,  # (converters)
                resize, structure)
+from .export.analytic import export_nodes
 from .graph import Graph, Node, make_node
 from .huggingface import init_std, is_pretrained
 from .registry import (ATTENTION_POINTS, EXPECTATION_POINTS, Options, StdOption, as_float,
                        find_converter)
 from .reuse import check_reuse, children
 from .trace import fx_nodes
+from .trace.calls import ATTENTION_MODULES
 
 
 def _leaves(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
@@ -56,7 +59,8 @@ def _check_uniform(model: nn.Module) -> None:
 def convert(model: nn.Module, *, parameterization: str = "standard", init: str = "torch",
             W_std: StdOption = None, b_std: StdOption = None, attention: str = "softmax",
             attention_points: int = ATTENTION_POINTS, shared_weights: str = "auto",
-            expectation_points: int = EXPECTATION_POINTS) -> Graph:
+            expectation_points: int = EXPECTATION_POINTS,
+            example: torch.Tensor | None = None) -> Graph:
     """Translate ``model`` into a :class:`Graph` (``init_fn``, ``apply_fn``, ``kernel_fn``, ``params``).
 
     Args:
@@ -87,6 +91,10 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
         layer, gets the kernel of layers sharing one set of weights, ``ntbridge.stax.tied``;
         other reuse of weights is refused) or ``"independent"`` (every module's weights drawn
         independently: the kernel of re-initialised layers).
+      example: inputs ``(N, ...)`` like those the kernels will take; with it, a model that
+        torch.fx cannot trace (or whose traced spellings are not recognised: Hugging Face models,
+        hand-written attention) is converted from its ``torch.export`` graph instead
+        (:mod:`.export.analytic`), for inputs of that shape.
 
     Example:
         >>> g = ntbridge.convert(nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 1)))
@@ -102,7 +110,7 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
                       shared_weights, expectation_points, library_std)
     leaves = list(_leaves(model))
     if any(_is_user_container(module) for _, module in leaves):
-        nodes = fx_nodes(model, options)
+        nodes = _traced(model, options, example)
     else:
         nodes = [make_node(i, name, module, (i - 1,), options)
                  for i, (name, module) in enumerate(leaves)]
@@ -112,6 +120,29 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     return Graph(nodes, model_dtype(model), _signature(options, nodes, True),
                  _signature(options, nodes, False),
                  SAMPLING._replace(points=options.expectation_points))
+
+
+def _traced(model: nn.Module, options: Options, example: torch.Tensor | None) -> list[Node]:
+    """The nodes of ``model``'s forward: traced by torch.fx, or, where that fails and an
+    ``example`` input is given, read from its ``torch.export`` graph. When both fail, the error
+    shown is torch.fx's, unless torch.fx could not trace a model that exports, or the export route
+    refuses the spelling of a hand-written attention (no torch attention module in the model):
+    then the export route's (what it does not recognise)."""
+    try:
+        return fx_nodes(model, options)
+    except (ConversionError, UnsupportedLayerError) as fx_error:
+        if example is None:
+            raise
+        try:
+            return export_nodes(model, example, dataclasses.replace(options, used_names=set()))
+        except UnsupportedLayerError as e:
+            hand_written = not any(isinstance(m, ATTENTION_MODULES) for m in model.modules())
+            shown = isinstance(fx_error, ConversionError) or (
+                getattr(e, "attention", False) and hand_written)
+            raise (e if shown else fx_error) from None
+        except ConversionError as e:
+            raise type(fx_error)(f"{fx_error} The route over torch.export failed too: {e}",
+                                 *fx_error.args[1:]) from None
 
 
 def _signature(options: Options, nodes: list[Node], values: bool) -> tuple:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .. import stax
-from ..stax.embedding import Positions, Token
+from ..stax.embedding import Positions, Row, Token
 from .registry import Context, register, rms
 
 
@@ -36,6 +36,22 @@ class AddPositions(nn.Module):
     def extra_repr(self) -> str:
         rows = "[:T]" if self.prefix else ""
         return f"{self.name}{rows}: {tuple(getattr(self, self.name).shape)}"
+
+
+class AddRow(AddPositions):
+    """``x + P[row]`` for the model's parameter ``P`` ``(rows, d)``: one of its rows added to every
+    token (BERT's token type of constant ids)."""
+
+    def __init__(self, name: str, parameter: nn.Parameter, row: int,
+                 init_std: float | None = None):
+        super().__init__(name, parameter, init_std=init_std)
+        self.row = row
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + getattr(self, self.name)[self.row]
+
+    def extra_repr(self) -> str:
+        return f"{self.name}[{self.row}]: {tuple(getattr(self, self.name).shape)}"
 
 
 class LearnedToken(nn.Module):
@@ -77,3 +93,10 @@ def _positions(module: AddPositions, ctx: Context) -> stax.Layer:
     p, o, std = getattr(module, module.name), ctx.options, _std(module, ctx)
     return Positions(p.shape[-2], p.shape[-1], std=std, batched=p.ndim == 3,
                      parameterization=o.parameterization, name=module.name, prefix=module.prefix)
+
+
+@register(AddRow)
+def _row(module: AddRow, ctx: Context) -> stax.Layer:
+    p = getattr(module, module.name)
+    return Row(p.shape[0], p.shape[1], row=module.row, std=_std(module, ctx),
+               parameterization=ctx.options.parameterization, name=module.name)

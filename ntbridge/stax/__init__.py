@@ -15,7 +15,7 @@ from .dropout import Dropout
 from .aggregation import Aggregate, InputAggregate, NodeFeatures, NodesFirstAggregate
 from .message_passing import GeometricFeatures, MessagePassing
 from .indexing import Chunk, FanInStack, Index, Reduce, Unsqueeze
-from .embedding import Embedding, Positions, Token
+from .embedding import Embedding, Positions, Row, Token
 from .kernel import Kernel, features_last_kernel, input_kernel, sequence_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer, with_hyper
 from .normalization import BatchNorm, ChannelMoments, LayerNorm, RMSNorm
@@ -37,7 +37,7 @@ __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate", "
            "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
            "NodeFeatures", "Numerical", "Outer", "PARAMETERIZATIONS", "Pick", "Piece", "Pieces", "PixelShuffle",
            "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "RMSNorm",
-           "RotaryAttention", "Rule",
+           "RotaryAttention", "Row", "Rule",
            "Scale", "SelfAttention", "Sign", "Sin", "Stds", "SwapLast", "Token", "TokenMean",
            "TokenSelect", "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag",
            "elementwise", "features_last_kernel", "input_kernel", "parallel", "sequence_kernel",

@@ -120,6 +120,31 @@ def Positions(length: int, dim: int, *, std: float, batched: bool = False,
     return Layer(init_fn, apply_fn, kernel_fn)
 
 
+def Row(rows: int, dim: int, *, row: int, std: float, parameterization: str = "standard",
+        name: str = "weight") -> Layer:
+    """``x + P[row]`` for a table ``P`` of shape ``(rows, dim)``: one learned vector added to every
+    token of every example (BERT's token type 0). Its entries, of standard deviation ``std``, are
+    shared by all tokens, so the kernel adds ``std**2`` to every pair (the NTK, its parameters'
+    part: 1, or ``std**2`` in NTK parameterization).
+
+    Example:
+        >>> Row(2, 16, row=0, std=0.02).init_fn(jax.random.key(0), (4, 7, 16))[0]
+        (4, 7, 16)
+    """
+
+    def init_fn(key, input_shape):
+        if input_shape[-1] != dim:
+            raise ShapeError(f"adds a vector of {dim} features, got inputs {tuple(input_shape)}")
+        return tuple(input_shape), {name: _sample(key, (rows, dim), std, "normal")}
+
+    def kernel_fn(k: Kernel) -> Kernel:
+        own = std ** 2 if parameterization == "ntk" else 1.0
+        return k.replace(nngp=k.nngp + std ** 2, cov1=k.cov1 + std ** 2, cov2=k.cov2 + std ** 2,
+                         ntk=None if k.ntk is None else k.ntk + own)
+
+    return Layer(init_fn, lambda params, x: x + params[name][row], kernel_fn)
+
+
 def Token(dim: int, *, std: float, parameterization: str = "standard",
           name: str = "weight") -> Layer:
     """A learned token ``P`` of shape ``(1, 1, dim)`` for each example of any input ``x``:

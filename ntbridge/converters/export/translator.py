@@ -123,8 +123,10 @@ def translate(model: nn.Module, example: torch.Tensor) -> Translated:
     return translated
 
 
-def export(model: nn.Module, example: torch.Tensor) -> ExportedProgram:
-    """``model``'s forward exported with a dynamic batch axis and decomposed to core ATen."""
+def export(model: nn.Module, example: torch.Tensor, decompose: bool = True,
+           kwargs: dict | None = None) -> ExportedProgram:
+    """``model``'s forward exported with a dynamic batch axis and (``decompose``) decomposed to
+    core ATen; ``kwargs``: keyword arguments of the call (e.g. ``use_cache=False``)."""
     check_module(model)
     if not isinstance(example, torch.Tensor) or example.ndim == 0 or example.shape[0] == 0:
         raise InputError("the example must be a torch.Tensor of shape (N, ...) with N >= 1.")
@@ -136,10 +138,11 @@ def export(model: nn.Module, example: torch.Tensor) -> ExportedProgram:
         warnings.filterwarnings("ignore", message=".*assigned during export", category=UserWarning)
         warnings.filterwarnings("ignore", message=".*LeafSpec.*deprecated", category=FutureWarning)
         try:
+            kwargs = kwargs or {}
             with export_settings(model):
-                program = torch.export.export(model, (example,),
-                                              dynamic_shapes=({0: Dim("batch")},))
-            return program.run_decompositions(_DECOMPOSITIONS)
+                program = torch.export.export(model, (example,), kwargs=kwargs, dynamic_shapes=(
+                    {0: Dim("batch")}, *[None] * len(kwargs)))
+            return program.run_decompositions(_DECOMPOSITIONS) if decompose else program
         except Exception as e:  # torch.export raises many types, each about the model's forward
             raise ConversionError(
                 f"torch.export could not export {type(model).__name__}.forward for inputs of "

@@ -10,6 +10,7 @@ from ...stax import INPUT
 from ..aggregation import Aggregate, InputAggregate
 from ..combinators import Add, Concat, Scale
 from ..elementwise import Elementwise
+from ..export.standins import ExportedAffine, ExportedAttention
 from ..families import AVG_POOLS, CONVS, DROPOUTS, RESIZES
 from ..functional import FORMS
 from ..geometric import GlobalPool, ends_affine
@@ -21,7 +22,8 @@ from ..structure import SwapLast
 
 # fresh zero-mean weights: output zero-mean given input (attention ends in its out_proj; a
 # learned token is such a weight itself)
-AFFINE = (nn.Linear, *CONVS, nn.Embedding, nn.MultiheadAttention, LearnedToken)
+AFFINE = (nn.Linear, *CONVS, nn.Embedding, nn.MultiheadAttention, LearnedToken, ExportedAffine,
+          ExportedAttention)
 LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, *AVG_POOLS, *RESIZES, *DROPOUTS, Add, Concat,
           Scale, Index, Reduce, Unsqueeze, Stack, Aggregate, InputAggregate, nn.LPPool1d,
           nn.LPPool2d, nn.LPPool3d, AddPositions, SwapLast, GlobalPool)

@@ -1,0 +1,125 @@
+"""Hugging Face models on the analytic route over torch.export graphs: tiny random GPT-2, BERT
+and ViT (attention ``"sdpa"`` and ``"eager"``), read at ``last_hidden_state`` or a pooled head;
+their converted forward is the model's own, and 1-layer GPT-2 and BERT at their own width agree
+with fresh models' Monte-Carlo (NNGP and NTK)."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import ntbridge
+from ntbridge import errors
+from ntbridge.dlpack import precision, to_jax
+
+from montecarlo import fresh_kernels, standard_error, z_scores
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+IDS = torch.tensor([[1, 2, 3, 4], [3, 5, 6, 1], [7, 7, 8, 2]])
+
+
+def gpt2(d=32, attention="sdpa", layers=1):
+    config = transformers.GPT2Config(n_embd=d, n_layer=layers, n_head=4, n_inner=2 * d,
+                                     vocab_size=20, n_positions=8, attn_implementation=attention)
+    return transformers.GPT2Model(config).eval()
+
+
+def bert(d=32, attention="sdpa", pool=False):
+    config = transformers.BertConfig(hidden_size=d, num_hidden_layers=1, num_attention_heads=4,
+                                     intermediate_size=2 * d, vocab_size=20,
+                                     max_position_embeddings=8, attn_implementation=attention)
+    return transformers.BertModel(config, add_pooling_layer=pool).eval()
+
+
+def vit(attention="sdpa"):
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                    intermediate_size=64, image_size=8, patch_size=4,
+                                    attn_implementation=attention)
+    return transformers.ViTModel(config, add_pooling_layer=False).eval()
+
+
+class Hidden(nn.Module):
+    """``model(x).last_hidden_state``: one tensor, as fresh_kernels reads models."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x).last_hidden_state
+
+
+class Pooled(Hidden):
+    """BERT's pooled head: the first token, a Linear layer, tanh."""
+
+    def forward(self, x):
+        return self.model(x).pooler_output
+
+
+IMAGES = torch.randn(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+MODELS = {f"{name}, {attention}": (build, attention, x)
+          for name, build, x in (("GPT-2", gpt2, IDS), ("BERT", bert, IDS), ("ViT", vit, IMAGES))
+          for attention in ("sdpa", "eager")}
+
+
+def _forward(model, x):
+    graph = ntbridge.convert(model, example=x)
+    with precision(torch.float64):
+        return graph, np.asarray(graph.apply_fn(graph.params, to_jax(x)))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_converted_forward_is_the_models(name):
+    build, attention, x = MODELS[name]
+    torch.manual_seed(0)
+    model, x = build(attention=attention).double(), x.double() if x.is_floating_point() else x
+    graph, y = _forward(model, x)
+    assert "ExportedAttention" in [type(n.module).__name__ for n in graph.layers]
+    # some eager attentions take their softmax in float32 (ViT's): the model's own rounding
+    tolerance = 1e-6 if attention == "eager" else 1e-12
+    np.testing.assert_allclose(y, model(x).last_hidden_state.detach().numpy(), atol=tolerance)
+
+
+def test_a_pooled_head_and_one_graph_for_both_attentions():
+    torch.manual_seed(0)
+    model = Pooled(bert(pool=True)).double()
+    graph, y = _forward(model, IDS)
+    assert [n.name for n in graph.layers][-3:] == ["select", "model.pooler.dense", "tanh"]
+    np.testing.assert_allclose(y, model(IDS).detach().numpy(), atol=1e-12)
+    assert ntbridge.kernel(model, IDS, init="infer").nngp.shape == (3, 3)
+    # "sdpa" and "eager" become the same layers, fed alike, at the same variances
+    layers = lambda g: [(type(n.module).__name__, n.inputs, repr(n.hyper)) for n in g.layers]
+    graphs = []
+    for attention in ("sdpa", "eager"):
+        torch.manual_seed(0)
+        graphs.append(layers(ntbridge.convert(gpt2(attention=attention), example=IDS)))
+    assert graphs[0] == graphs[1]
+
+
+def test_llama_is_refused_naming_its_missing_parts():
+    config = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, vocab_size=20,
+                                      max_position_embeddings=8)
+    with pytest.raises(errors.UnsupportedLayerError,
+                       match=r"LlamaRMSNorm.*RMSNorm.*no kernel rule yet.*rotary"):
+        ntbridge.ntk(transformers.LlamaModel(config).eval(), IDS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [lambda: gpt2(128), lambda: bert(128, "eager")],
+                         ids=["GPT-2", "BERT"])
+def test_one_layer_models_match_fresh_wide_models(build):
+    # 128 channels in 4 heads, as Hugging Face initialises them: the mean of 48 fresh models'
+    # empirical NNGP and NTK within 5 standard errors of the kernel at the variances read from
+    # another fresh model (init="infer": Hugging Face's normal(0, initializer_range), zero biases,
+    # LayerNorm 1 and 0); the attention rule's own error (~1e-4 here) is left out, which only
+    # tightens the test
+    nngps, ntks = fresh_kernels(lambda: Hidden(build()), IDS, 48, seed=100)
+    torch.manual_seed(99)
+    k = ntbridge.kernel(Hidden(build()).double(), IDS, init="infer")
+    for get, samples in (("nngp", nngps), ("ntk", ntks)):
+        exact = getattr(k, get)
+        assert standard_error(samples).max() < 0.05 * exact.abs().max(), get
+        assert z_scores(samples, exact).max() < 5, get
