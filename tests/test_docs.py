@@ -15,7 +15,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # What a block's text shows -> the module it then needs (an optional extra).
 EXTRAS = {"gpytorch": "gpytorch", "botorch": "botorch", ".plot(": "matplotlib"}
 # Blocks of more than 2 s (the first in a process pays for importing JAX).
-SLOW = {"README.md:8", "README.md:45", "transformers.md:42", "empirical.md:87", "dynamics.md:18",
+SLOW = {"README.md:8", "README.md:45", "transformers.md:42", "empirical.md:98", "dynamics.md:18",
         "gp.md:18"}
 
 
