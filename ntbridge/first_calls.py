@@ -99,8 +99,9 @@ def _task(request: Request):
 
 def _torch_side(request: Request, x1: torch.Tensor, x2: torch.Tensor | None, axes: Axes,
                 choice: payback.Choice) -> Outcome:
-    (k,) = deferred(lambda: [torch_ntk(request.model, x1, x2, axes)], lambda: _task(request),
-                    (request.x1, request.x2), list(request.model.parameters()))
+    compute = lambda: [torch_ntk(request.model, x1, x2, axes, known=choice.known)]
+    (k,) = deferred(compute, lambda: _task(request), (request.x1, request.x2),
+                    list(request.model.parameters()))
     info = StrategyInfo("torch.func", choice.costs, choice.reason, "torch")
     n2 = len(x1) if x2 is None else len(x2)
     return Outcome(k, info, None, TilingInfo(1, 1, (len(x1), n2), 0, 0.0))

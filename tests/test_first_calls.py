@@ -13,7 +13,8 @@ import ntbridge
 from ntbridge import first_calls
 from ntbridge.empirical import STRATEGIES, payback
 from ntbridge.empirical.axes import Axes
-from ntbridge.empirical.torch_func import torch_ntk
+from ntbridge.empirical import torch_func
+from ntbridge.empirical.torch_func import jacobian_fn, torch_ntk
 
 from export_zoo import example
 from helpers import max_relative_error
@@ -61,13 +62,20 @@ def test_torch_side_axes_and_symmetry(axes):
             assert torch.equal(k, k.permute(perm))
 
 
-def test_blocks_of_examples_do_not_change_the_kernel():
+@pytest.mark.parametrize("held", [True, False])
+def test_blocks_of_examples_do_not_change_the_kernel(held, monkeypatch):
     model, x1, _ = example("custom")
-    x = torch.cat([x1, x1 + 0.5])  # 6 examples: blocks of one, recomputed (more than 4)
+    x = torch.cat([x1, x1 + 0.5])  # 6 examples: with budget=1, blocks of one
+    if not held:  # x2's Jacobians recomputed for each block of x1
+        monkeypatch.setattr(torch_func, "HELD_BYTES", 1)
     axes = Axes.of(2, (), ())
     whole = torch_ntk(model, x, x1, axes)
     assert max_relative_error(torch_ntk(model, x, x1, axes, budget=1), whole) <= 1e-12
-    sym = torch_ntk(model, x, None, axes, budget=1)
+    known = jacobian_fn(model)(x[:3])  # the first rows' Jacobians, given
+    for budget in (1, None):
+        opts = {} if budget is None else {"budget": budget}
+        assert max_relative_error(torch_ntk(model, x, x1, axes, known=known, **opts), whole) <= 1e-12
+    sym = torch_ntk(model, x, None, axes, budget=1, known=known)
     assert max_relative_error(sym, torch_ntk(model, x, x, axes)) <= 1e-12
     assert torch.equal(sym, sym.permute(axes.swap_perm(sym.ndim)))
 
@@ -82,17 +90,22 @@ def test_the_choice_is_reported_with_its_estimates():
 
 def test_the_compile_is_chosen_once_torch_time_would_exceed_it(monkeypatch):
     """Rent, then buy: torch-side while the calls' torch.func time stays below the compile's
-    estimate, compiled from the call that would pass it, and that program reused."""
+    estimate, compiled from the call that would pass it, that program reused, and left for
+    torch.func again where it proves slower."""
     model, x1, x2 = example("custom")
     clock = iter(range(100))  # each call's torch-side time measured as 1 s
     monkeypatch.setattr(first_calls, "time", type("Clock", (), {"perf_counter": lambda: next(clock)}))
-    monkeypatch.setattr(payback, "torch_seconds", lambda *a: 1.0)
+    monkeypatch.setattr(payback, "torch_seconds", lambda *a: (1.0, None))
     monkeypatch.setattr(payback, "SECONDS_PER_TENSOR", 1.25)  # 2 tensors: 2.5 s to compile
     chosen = [ntbridge.empirical_ntk(model, x1, x2, return_info=True)[1] for _ in range(4)]
     assert [i.implementation for i in chosen[:2]] == ["torch.func"] * 2
     assert chosen[2].implementation in STRATEGIES and "pays back" in chosen[2].reason
     assert chosen[2].path == "torch.export" and "compile" in chosen[2].costs
     assert chosen[3].implementation in STRATEGIES and "is compiled" in chosen[3].reason
+    (record,) = payback._RECORDS.values()  # a compiled program slower than torch.func: left
+    record.steady = {shapes: 100.0 for shapes in record.steady}
+    _, info = ntbridge.empirical_ntk(model, x1, x2, return_info=True)
+    assert info.implementation == "torch.func" and "compiled program's last call" in info.reason
 
 
 def test_requests_that_are_not_weighed_take_the_pipeline():

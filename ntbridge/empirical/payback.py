@@ -6,7 +6,8 @@ for a small transformer, against well under a second of ``torch.func`` work at t
 The compiled program is several times faster than ``torch.func`` once it exists, so it pays back
 over the calls that follow. The choice is the classic one of renting against buying:
 
-* a call whose shapes have a compiled program runs it;
+* a call whose shapes have a compiled program runs it, unless its last call there was slower than
+  ``torch.func``'s last rate per example predicts (a compiled program is not always the faster);
 * else the call's ``torch.func`` time is estimated (:func:`torch_seconds`), and the
   compilation's (that of this architecture's last first call, measured; before any,
   :data:`SECONDS_PER_TENSOR` per parameter tensor); the call runs torch-side (:mod:`.torch_func`) while the ``torch.func`` time of this
@@ -42,22 +43,27 @@ FLOPS_PER_S = 1e10  # the contraction's rate torch-side
 
 @dataclasses.dataclass
 class Record:
-    """What an architecture's calls have cost: ``spent`` (seconds torch-side), ``compile_s`` (the
-    last measured first call of a program, None before any) and ``compiled`` (the shapes with a
-    program)."""
+    """What an architecture's calls have cost: ``spent`` (seconds torch-side), ``per_example``
+    (the last torch-side call's seconds per example), ``compile_s`` (the last measured first call
+    of a program, None before any), ``compiled`` (the shapes with a program) and ``steady`` (per
+    shapes, the last call of their compiled program, seconds)."""
 
     spent: float = 0.0
+    per_example: float | None = None
     compile_s: float | None = None
     compiled: set = dataclasses.field(default_factory=set)
+    steady: dict = dataclasses.field(default_factory=dict)
 
 
 class Choice(NamedTuple):
-    """``strategy`` (``"torch.func"`` or ``"xla"``), why in words, and the estimates
-    (``{"torch.func": {"estimated_s": ...}, "compile": {"estimated_s": ...}}``)."""
+    """``strategy`` (``"torch.func"`` or ``"xla"``), why in words, the estimates
+    (``{"torch.func": {"estimated_s": ...}, "compile": {"estimated_s": ...}}``), and the
+    Jacobians of x1's first examples computed on the way (for ``torch_ntk``'s ``known``)."""
 
     strategy: str
     reason: str
     costs: dict
+    known: dict | None = None
 
 
 _RECORDS: dict[tuple, Record] = {}
@@ -74,51 +80,80 @@ def _shapes(x1: torch.Tensor, x2: torch.Tensor | None, axes: Axes) -> tuple:
 
 
 def torch_seconds(model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None,
-                  probe: int = 1) -> float:
-    """The estimated time of :func:`~.torch_func.torch_ntk` on these inputs: the Jacobians of
-    ``probe`` examples timed (after one example's, which warms ``torch.func`` up), scaled to every
-    example (an upper bound: ``vmap`` over more examples is cheaper per example), and the
-    contraction's flops at :data:`FLOPS_PER_S`."""
-    jac, block = jacobian_fn(model), x1[:probe]
+                  probe: int = 8) -> tuple[float, dict]:
+    """The estimated time of :func:`~.torch_func.torch_ntk` on these inputs, and the Jacobians of
+    x1's first examples it computed (which ``torch_ntk`` takes as ``known``, so nothing is
+    computed twice): one example's (which warms ``torch.func`` up), then those of the next
+    ``probe`` examples at most, timed and scaled to the examples left (an upper bound: ``vmap``
+    over more examples is cheaper per example), and the contraction's flops at
+    :data:`FLOPS_PER_S`."""
+    jac = jacobian_fn(model)
+    n2, examples = len(x1) if x2 is None else len(x2), _examples(x1, x2)
     with torch.no_grad():
-        jac(x1[:1])
         start = time.perf_counter()
-        j = jac(block)
-        seconds = (time.perf_counter() - start) / len(block)
-    size = sum(a[0].numel() for a in j.values())  # one example's Jacobian: out units x parameters
-    n2 = len(x1) if x2 is None else len(x2)
-    examples = len(x1) + (0 if x2 is None else n2)
-    return seconds * examples + 2 * len(x1) * n2 * size / FLOPS_PER_S
+        known = jac(x1[:1])
+        seconds = time.perf_counter() - start  # one example, with the warm-up: all there is
+        if len(x1) > 1:
+            start, block = time.perf_counter(), x1[1:1 + probe]
+            more = jac(block)
+            seconds = (time.perf_counter() - start) / len(block)
+            known = {name: torch.cat([a, more[name]]) for name, a in known.items()}
+    done = len(next(iter(known.values())))
+    size = sum(a[0].numel() for a in known.values())  # one example's Jacobian: out x parameters
+    return seconds * (examples - done) + 2 * len(x1) * n2 * size / FLOPS_PER_S, known
+
+
+def _examples(x1: torch.Tensor, x2: torch.Tensor | None) -> int:
+    return len(x1) + (0 if x2 is None else len(x2))
+
+
+def _compiled(record: Record, x1: torch.Tensor, x2: torch.Tensor | None,
+              shapes: tuple) -> Choice | None:
+    """The choice for shapes with a compiled program: the program, unless its last call was
+    slower than the last torch-side call's rate predicts for these examples (then None)."""
+    steady, rate = record.steady.get(shapes), record.per_example
+    if steady is not None and rate is not None and steady > rate * _examples(x1, x2):
+        return None
+    return Choice("xla", "the program of these shapes is compiled (an earlier call)", {})
 
 
 def weigh(model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None,
           axes: Axes) -> Choice:
     """Torch-side or a compiled program for this call (see the module doc)."""
-    record = _record(model, x1)
-    if _shapes(x1, x2, axes) in record.compiled:
-        return Choice("xla", "the program of these shapes is compiled (an earlier call)", {})
+    record, shapes = _record(model, x1), _shapes(x1, x2, axes)
+    if shapes in record.compiled:
+        if choice := _compiled(record, x1, x2, shapes):
+            return choice
+        work, known = torch_seconds(model, x1, x2)
+        return Choice("torch.func", f"the compiled program's last call took "
+                                    f"{record.steady[shapes]:.3g} s, torch.func needs about "
+                                    f"{work:.3g} s", {"torch.func": {"estimated_s": work}}, known)
     compile_s = record.compile_s
     if compile_s is None:
         compile_s = SECONDS_PER_TENSOR * sum(1 for _ in model.parameters())
-    work = torch_seconds(model, x1, x2)
+    work, known = torch_seconds(model, x1, x2)
     costs = {"torch.func": {"estimated_s": work}, "compile": {"estimated_s": compile_s}}
     so_far = f" ({record.spent:.3g} s in earlier calls)" if record.spent else ""
     if record.spent + work < compile_s:
         return Choice("torch.func", f"compiling (about {compile_s:.3g} s) cannot pay back here: "
-                                    f"torch.func needs about {work:.3g} s{so_far}", costs)
+                                    f"torch.func needs about {work:.3g} s{so_far}", costs, known)
     return Choice("xla", f"compiling (about {compile_s:.3g} s) pays back: torch.func would need "
                          f"about {work:.3g} s{so_far}", costs)
 
 
 def ran(model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, axes: Axes,
         strategy: str, seconds: float) -> None:
-    """Record a call's measured time: torch-side time adds to ``spent``; a program's first call
-    sets ``compile_s`` and marks its shapes compiled."""
+    """Record a call's measured time: torch-side time adds to ``spent`` and sets ``per_example``;
+    a program's first call sets ``compile_s`` and marks its shapes compiled, a later one sets
+    their ``steady`` time."""
     record, shapes = _record(model, x1), _shapes(x1, x2, axes)
     with _LOCK:
         if strategy == "torch.func":
             record.spent += seconds
-        elif shapes not in record.compiled:
+            record.per_example = seconds / _examples(x1, x2)
+        elif shapes in record.compiled:
+            record.steady[shapes] = seconds
+        else:
             record.compile_s = seconds
             record.compiled.add(shapes)
 

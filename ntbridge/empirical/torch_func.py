@@ -5,7 +5,8 @@ time under the same axes rules as the JAX strategies (:mod:`.axes`).
 Nothing is exported, translated or compiled, so its first call costs what its work costs; the
 ``"auto"`` choice of the pipeline (:mod:`.payback`) takes it where a compiled program could not
 pay its compilation back. Jacobians are formed for blocks of examples whose Jacobian holds at most
-``budget`` bytes.
+``budget`` bytes; x2's are held for every block of x1 up to :data:`HELD_BYTES`, else
+recomputed.
 
 Example:
     >>> k = torch_ntk(model, x1, x2, Axes.of(2, (-1,), ()))         # (N1, N2)
@@ -23,6 +24,7 @@ from ..tiling.arrays import symmetrize
 from .axes import Axes, contract_subscripts
 
 JACOBIAN_BYTES = 2 ** 28  # bytes of the Jacobians of one block of examples
+HELD_BYTES = 2 ** 32  # x2's Jacobians are held (not recomputed per block of x1) up to this size
 
 
 def output_ndim(model: torch.nn.Module, x: torch.Tensor) -> int:
@@ -41,10 +43,9 @@ def jacobian_fn(model: torch.nn.Module) -> Callable[[torch.Tensor], dict[str, to
     return lambda x: per_example(params, x)
 
 
-def _block_rows(model: torch.nn.Module, out_units: int, budget: int) -> int:
-    """Examples per block whose Jacobians fit in ``budget`` bytes."""
-    size = sum(p.numel() * p.element_size() for p in model.parameters())
-    return max(1, budget // max(1, size * out_units))
+def _jacobian_bytes(model: torch.nn.Module, out_units: int) -> int:
+    """The bytes of one example's Jacobian."""
+    return max(1, out_units * sum(p.numel() * p.element_size() for p in model.parameters()))
 
 
 def _contract(j1: dict, j2: dict, axes: Axes) -> torch.Tensor:
@@ -57,8 +58,26 @@ def _contract(j1: dict, j2: dict, axes: Axes) -> torch.Tensor:
     return total
 
 
+def _known_rows(jac: Callable, x: torch.Tensor, known: dict | None) -> Callable:
+    """``rows(s, e)``: the Jacobians of ``x[s:e]``, those of its first rows taken from
+    ``known`` (the Jacobians of ``x[:n]``, e.g. computed while estimating the work)."""
+    n = 0 if not known else len(next(iter(known.values())))
+
+    def rows(s: int, e: int) -> dict:
+        e = min(e, len(x))
+        if s >= n:
+            return jac(x[s:e])
+        head = {name: a[s:min(e, n)] for name, a in known.items()}
+        if e <= n:
+            return head
+        tail = jac(x[n:e])
+        return {name: torch.cat([a, tail[name]]) for name, a in head.items()}
+
+    return rows
+
+
 def torch_ntk(model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, axes: Axes,
-              budget: int = JACOBIAN_BYTES) -> torch.Tensor:
+              budget: int = JACOBIAN_BYTES, known: dict | None = None) -> torch.Tensor:
     """The empirical NTK of ``model`` at its weights, ``(N1, N2, *kept)`` as the JAX strategies
     give it (see the package doc); exactly symmetric when ``x2`` is None. No autograd history.
 
@@ -67,18 +86,22 @@ def torch_ntk(model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None,
       x1, x2: ``(N1, ...)``, ``(N2, ...)`` inputs (x2 None for x2 = x1).
       axes: the output axes rules, for outputs of rank ``axes.out_ndim``.
       budget: bytes of the Jacobians of one block of examples.
+      known: the Jacobians of the first examples of x1 (:func:`jacobian_fn`'s), if computed.
     """
     xb = x1 if x2 is None else x2
     with torch.no_grad():
         out_units = math.prod(model(x1[:1]).shape[1:])
-        rows = _block_rows(model, out_units, budget)
+        each = _jacobian_bytes(model, out_units)
+        rows = max(1, budget // each)
         jac = jacobian_fn(model)
-        blocks2 = [xb[s:s + rows] for s in range(0, len(xb), rows)]
-        held = [jac(b) for b in blocks2] if len(blocks2) <= 4 else None  # else recomputed
+        rows1 = _known_rows(jac, x1, known)
+        starts2 = range(0, len(xb), rows)
+        block2 = (lambda s: rows1(s, s + rows)) if x2 is None else (lambda s: jac(xb[s:s + rows]))
+        held = [block2(s) for s in starts2] if len(xb) * each <= HELD_BYTES else None
         parts = []
         for s in range(0, len(x1), rows):
-            j1 = held[s // rows] if held and x2 is None else jac(x1[s:s + rows])
-            parts.append(torch.cat([_contract(j1, held[n] if held else jac(b), axes)
-                                    for n, b in enumerate(blocks2)], dim=1))
+            j1 = held[s // rows] if held and x2 is None else rows1(s, s + rows)
+            parts.append(torch.cat([_contract(j1, held[n] if held else block2(t), axes)
+                                    for n, t in enumerate(starts2)], dim=1))
         k = torch.cat(parts, dim=0)
         return k if x2 is not None else symmetrize(k, axes.swap_perm(k.ndim))
