@@ -8,7 +8,8 @@ graph pairs) as inputs, and a model with a submodule that no converter covers (w
 ``torch.export`` translation serves, e.g. a Hugging Face model). Every other request, and one whose
 model does not run on one example of ``x1`` (the pipeline then says why) or that ``torch.func``
 cannot differentiate per example (e.g. ``nn.GRU`` under ``vmap``), is the pipeline's
-(:func:`ntbridge.pipeline.run`). A torch-side kernel that autograd needs (grad mode on and an
+(:func:`ntbridge.pipeline.run`); a weighed model that cannot be exported or translated (e.g.
+GPT-2's forward) stays torch-side, the pipeline's reason in ``info.reason``. A torch-side kernel that autograd needs (grad mode on and an
 input or a parameter requiring grad) is one node of torch's graph whose backward is the
 pipeline's VJP program (:func:`ntbridge.autograd.deferred`), compiled only if it is called.
 
@@ -35,7 +36,7 @@ from .dlpack import abstract
 from .empirical import StrategyInfo, payback
 from .empirical.axes import Axes
 from .empirical.torch_func import output_ndim, torch_ntk
-from .errors import UnsupportedLayerError
+from .errors import ConversionError, UnsupportedLayerError
 from .pipeline import Outcome, Request
 from .specs import EmpiricalNTK
 from .tiling import Batching, TilingInfo
@@ -123,9 +124,18 @@ def run(request: Request) -> Outcome:
     if choice.strategy == "torch.func":
         outcome = _torch_side(request, x1, x2, axes, choice)
     else:
-        outcome = pipeline.run(request)
-        info = outcome.info
-        outcome = outcome._replace(info=dataclasses.replace(
-            info, costs={**info.costs, **choice.costs}, reason=f"{choice.reason}; {info.reason}"))
+        try:
+            outcome = _compiled(request, choice)
+        except (ConversionError, UnsupportedLayerError) as e:  # torch.func serves it
+            payback.unavailable(request.model, x1, str(e).split(":")[0])
+            return run(request)
     payback.ran(request.model, x1, x2, axes, choice.strategy, time.perf_counter() - start)
     return outcome
+
+
+def _compiled(request: Request, choice: payback.Choice) -> Outcome:
+    """The pipeline's kernel, its info saying why it was weighed so."""
+    outcome = pipeline.run(request)
+    info = outcome.info
+    return outcome._replace(info=dataclasses.replace(
+        info, costs={**info.costs, **choice.costs}, reason=f"{choice.reason}; {info.reason}"))

@@ -134,3 +134,18 @@ def test_gradients_of_a_torch_side_kernel_are_the_pipelines():
     assert [i.implementation for i in infos] == ["torch.func", "jacobian"]
     for a, b in zip(*grads):
         assert max_relative_error(a, b) <= 1e-10
+
+
+class _Special(nn.Module):
+    def forward(self, h):
+        return torch.special.i0(h)  # no translation to JAX
+
+
+@torch.no_grad()
+def test_a_model_that_cannot_be_translated_stays_torch_side(monkeypatch):
+    monkeypatch.setattr(payback, "SECONDS_PER_TENSOR", 0.0)  # compiling always "pays back"
+    model = nn.Sequential(nn.Linear(3, 4), _Special(), nn.Linear(4, 2)).double()
+    x = torch.randn(3, 3, dtype=torch.float64)
+    k, info = ntbridge.empirical_ntk(model, x, return_info=True)
+    assert info.implementation == "torch.func" and "no compiled program" in info.reason
+    assert max_relative_error(k, _reference(model, x, None, (-1,))) <= 1e-10

@@ -46,13 +46,15 @@ class Record:
     """What an architecture's calls have cost: ``spent`` (seconds torch-side), ``per_example``
     (the last torch-side call's seconds per example), ``compile_s`` (the last measured first call
     of a program, None before any), ``compiled`` (the shapes with a program) and ``steady`` (per
-    shapes, the last call of their compiled program, seconds)."""
+    shapes, the last call of their compiled program, seconds); ``unavailable``: why no program
+    can be made (the model cannot be exported or translated), if so."""
 
     spent: float = 0.0
     per_example: float | None = None
     compile_s: float | None = None
     compiled: set = dataclasses.field(default_factory=set)
     steady: dict = dataclasses.field(default_factory=dict)
+    unavailable: str | None = None
 
 
 class Choice(NamedTuple):
@@ -128,6 +130,10 @@ def weigh(model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None,
         return Choice("torch.func", f"the compiled program's last call took "
                                     f"{record.steady[shapes]:.3g} s, torch.func needs about "
                                     f"{work:.3g} s", {"torch.func": {"estimated_s": work}}, known)
+    if record.unavailable:
+        work, known = torch_seconds(model, x1, x2)
+        return Choice("torch.func", f"no compiled program: {record.unavailable}",
+                      {"torch.func": {"estimated_s": work}}, known)
     compile_s = record.compile_s
     if compile_s is None:
         compile_s = SECONDS_PER_TENSOR * sum(1 for _ in model.parameters())
@@ -156,6 +162,11 @@ def ran(model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, axes:
         else:
             record.compile_s = seconds
             record.compiled.add(shapes)
+
+
+def unavailable(model: torch.nn.Module, x1: torch.Tensor, why: str) -> None:
+    """Record that no program can be made for this architecture (``why``): torch-side from now."""
+    _record(model, x1).unavailable = why
 
 
 def clear() -> None:
