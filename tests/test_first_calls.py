@@ -80,12 +80,20 @@ def test_blocks_of_examples_do_not_change_the_kernel(held, monkeypatch):
     assert torch.equal(sym, sym.permute(axes.swap_perm(sym.ndim)))
 
 
-def test_the_choice_is_reported_with_its_estimates():
+@torch.no_grad()
+@pytest.mark.parametrize("closer", [False, True])
+def test_the_choice_is_reported_with_its_estimates(closer, monkeypatch):
+    """From the one-forward bound, or (where the bound does not settle it) from Jacobians of the
+    first examples timed, which the kernel then reuses."""
     model, x1, x2 = example("custom")
-    _, info = ntbridge.empirical_ntk(model, x1, x2, return_info=True)
+    if closer:
+        monkeypatch.setattr(payback, "torch_bound", lambda *a: 1e9)
+        monkeypatch.setattr(payback, "SECONDS_PER_TENSOR", 1e6)
+    k, info = ntbridge.empirical_ntk(model, x1, x2, trace_axes=(), return_info=True)
     assert set(info.costs) == {"torch.func", "compile"}
     assert "cannot pay back" in info.reason and "torch.func needs about" in info.reason
     assert info.costs["torch.func"]["estimated_s"] < info.costs["compile"]["estimated_s"]
+    assert max_relative_error(k, _reference(model, x1, x2, ())) <= 1e-10
 
 
 def test_the_compile_is_chosen_once_torch_time_would_exceed_it(monkeypatch):
@@ -95,6 +103,7 @@ def test_the_compile_is_chosen_once_torch_time_would_exceed_it(monkeypatch):
     model, x1, x2 = example("custom")
     clock = iter(range(100))  # each call's torch-side time measured as 1 s
     monkeypatch.setattr(first_calls, "time", type("Clock", (), {"perf_counter": lambda: next(clock)}))
+    monkeypatch.setattr(payback, "torch_bound", lambda *a: 1.0)
     monkeypatch.setattr(payback, "torch_seconds", lambda *a: (1.0, None))
     monkeypatch.setattr(payback, "SECONDS_PER_TENSOR", 1.25)  # 2 tensors: 2.5 s to compile
     chosen = [ntbridge.empirical_ntk(model, x1, x2, return_info=True)[1] for _ in range(4)]

@@ -8,7 +8,8 @@ over the calls that follow. The choice is the classic one of renting against buy
 
 * a call whose shapes have a compiled program runs it, unless its last call there was slower than
   ``torch.func``'s last rate per example predicts (a compiled program is not always the faster);
-* else the call's ``torch.func`` time is estimated (:func:`torch_seconds`), and the
+* else the call's ``torch.func`` time is estimated (:func:`torch_bound`, an upper bound from one
+  forward pass; where that does not settle it, :func:`torch_seconds`), and the
   compilation's (that of this architecture's last first call, measured; before any,
   :data:`SECONDS_PER_TENSOR` per parameter tensor); the call runs torch-side (:mod:`.torch_func`) while the ``torch.func`` time of this
   architecture's calls so far, this one included, stays below the compilation's, and compiles
@@ -39,6 +40,7 @@ from .torch_func import jacobian_fn
 
 SECONDS_PER_TENSOR = 0.3  # a first call's compile per parameter tensor (2 CPU cores, measured)
 FLOPS_PER_S = 1e10  # the contraction's rate torch-side
+REVERSE_COST = 4  # one example's Jacobian row (one output unit) in forwards of one example, at most
 
 
 @dataclasses.dataclass
@@ -79,6 +81,19 @@ def _record(model: torch.nn.Module, x1: torch.Tensor) -> Record:
 
 def _shapes(x1: torch.Tensor, x2: torch.Tensor | None, axes: Axes) -> tuple:
     return len(x1), None if x2 is None else len(x2), axes
+
+
+def torch_bound(model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None) -> float:
+    """An upper bound of :func:`~.torch_func.torch_ntk`'s time that costs one forward pass: the
+    forward of one example, timed, :data:`REVERSE_COST` times per output unit and example (``vmap``
+    over many examples only costs less per example), and the contraction's flops."""
+    with torch.no_grad():
+        start = time.perf_counter()
+        units = model(x1[:1])[0].numel()
+        one = time.perf_counter() - start
+    size = units * sum(p.numel() for p in model.parameters())  # one example's Jacobian
+    n2 = len(x1) if x2 is None else len(x2)
+    return REVERSE_COST * one * units * _examples(x1, x2) + 2 * len(x1) * n2 * size / FLOPS_PER_S
 
 
 def torch_seconds(model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None,
@@ -137,7 +152,9 @@ def weigh(model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None,
     compile_s = record.compile_s
     if compile_s is None:
         compile_s = SECONDS_PER_TENSOR * sum(1 for _ in model.parameters())
-    work, known = torch_seconds(model, x1, x2)
+    work, known = torch_bound(model, x1, x2), None
+    if record.spent + work >= compile_s:  # the bound is not enough: a closer estimate
+        work, known = torch_seconds(model, x1, x2)
     costs = {"torch.func": {"estimated_s": work}, "compile": {"estimated_s": compile_s}}
     so_far = f" ({record.spent:.3g} s in earlier calls)" if record.spent else ""
     if record.spent + work < compile_s:
