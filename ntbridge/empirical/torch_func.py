@@ -23,7 +23,7 @@ from torch.func import functional_call, jacrev, vmap
 from ..tiling.arrays import symmetrize
 from .axes import Axes, contract_subscripts
 
-JACOBIAN_BYTES = 2 ** 28  # bytes of the Jacobians of one block of examples
+JACOBIAN_BYTES = 2 ** 31  # bytes of the Jacobians of one block of examples
 HELD_BYTES = 2 ** 32  # x2's Jacobians are held (not recomputed per block of x1) up to this size
 
 
