@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from . import pipeline
+from . import first_calls, pipeline
 from .converters import batch_statistics
 from .converters.registry import ATTENTION_POINTS, EXPECTATION_POINTS, StdOption
 from .dlpack import check_module
@@ -189,7 +189,8 @@ def empirical_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = 
     """
     spec = EmpiricalNTK(implementation, trace_axes, diagonal_axes, by_layer)
     batching, interact = _empirical_batching(model, batching_options)
-    outcome = run(Request(model, x1, x2, dataclasses.replace(spec, interact=interact), batching))
+    outcome = first_calls.run(Request(model, x1, x2, dataclasses.replace(spec, interact=interact),
+                                      batching))
     return (outcome.result, outcome.info) if return_info else outcome.result
 
 

@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import torch
@@ -106,3 +106,45 @@ def compute(task: Task, inputs: tuple[torch.Tensor, torch.Tensor | None], x1: to
     kernel = _Kernel(task, x1, x2, opts, tuple(params))
     leaves = Differentiable.apply(kernel, *inputs, *[t for _, t in params])
     return jax.tree.unflatten(kernel.treedef, leaves), kernel.tiling
+
+
+@dataclasses.dataclass
+class _Deferred:
+    """A kernel computed outside the pipeline (torch-side), whose VJP is that of the pipeline's
+    task for the same request, built on the first backward (:func:`deferred`)."""
+
+    compute: Callable[[], list[torch.Tensor]]
+    build: Callable[[], tuple[Task, Graph, torch.Tensor, torch.Tensor | None, Batching]]
+    params: tuple[torch.Tensor, ...]
+
+    def forward(self) -> list[torch.Tensor]:
+        return self.compute()
+
+    def backward(self, grads: Sequence[torch.Tensor],
+                 needed: Sequence[bool]) -> list[torch.Tensor | None]:
+        task, graph, x1, x2, opts = self.build()
+        tracked = tracked_parameters(task, graph)
+        wanted = {id(p) for p, want in zip(self.params, needed[2:]) if want}
+        kernel = _Kernel(task, x1, x2, opts, tuple(tracked))
+        d = kernel.backward(grads, [*needed[:2], *[id(t) in wanted for _, t in tracked]])
+        by_tensor = {id(t): g for (_, t), g in zip(tracked, d[2:])}
+        return [d[0], d[1], *[by_tensor.get(id(p)) for p in self.params]]
+
+
+def deferred(compute: Callable[[], list[torch.Tensor]],
+             build: Callable[[], tuple[Task, Graph, torch.Tensor, torch.Tensor | None, Batching]],
+             inputs: tuple[torch.Tensor, torch.Tensor | None],
+             params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``compute()``'s tensors (a kernel's leaves, computed without history) as one node of torch's
+    autograd graph over ``inputs`` (x1, x2 as the user gave them) and the model's ``params``,
+    when grad mode is on and one of them requires grad; its backward is the VJP of the task that
+    ``build()`` returns, ``(task, graph, x1, x2, batching)``, as :func:`compute` differentiates it.
+
+    Example:
+        >>> (k,) = deferred(lambda: [torch_ntk(...)], build, (x1, None), list(model.parameters()))
+    """
+    params = tuple(p for p in params if p.requires_grad)
+    wanted = any(t is not None and t.requires_grad for t in (*inputs, *params))
+    if not (torch.is_grad_enabled() and wanted):
+        return compute()
+    return list(Differentiable.apply(_Deferred(compute, build, params), *inputs, *params))

@@ -178,7 +178,7 @@ def check_fits(graph: Graph, x1: torch.Tensor, x2: torch.Tensor | None) -> None:
             raise ShapeError(f"{name} of shape {tuple(x.shape)} does not fit the model: {e}") from None
 
 
-def _precision(request: Request, x1: torch.Tensor):
+def precision_of(request: Request, x1: torch.Tensor):
     """The precision of the request's JAX work: x1's, or the model's for integer inputs."""
     return precision(x1.dtype if x1.is_floating_point() else model_dtype(request.model))
 
@@ -189,7 +189,7 @@ def prepare(request: Request) -> Prepared:
                                              lambda: model_graph(request, None, True).nodes_first)
     request = dataclasses.replace(request, x1=x1, x2=x2)
     x1, x2 = validate(request.x1, request.x2, indices=True)
-    with _precision(request, x1):
+    with precision_of(request, x1):
         graph = model_graph(request, x1, pairs or selection is not None)
         check_has_data(graph.tensors)
         check_input_kind(graph, pairs, selection)
@@ -205,7 +205,7 @@ def execute(prepared: Prepared, spec: Spec | None = None) -> Outcome:
     request, x1, x2, graph, _ = prepared
     spec = request.spec if spec is None else spec
     batching = dataclasses.replace(request.batching, platform=platform_of(x1))
-    with _precision(request, x1):
+    with precision_of(request, x1):
         task, info = BUILDERS[type(spec)](spec, graph, abstract(x1),
                                           None if x2 is None else abstract(x2), batching.platform)
         result, tiling = autograd.compute(task, (request.x1, request.x2), x1, x2, batching, graph)
@@ -229,7 +229,7 @@ def expectation_error(request: Request) -> float:
     model and inputs' shapes (an entry of the program cache)."""
     _, x1, x2, graph, _ = prepared = prepare(request)
     names = (request.spec.get,) if isinstance(request.spec.get, str) else tuple(request.spec.get)
-    with _precision(prepared.request, x1):
+    with precision_of(prepared.request, x1):
         a1, a2 = (None if x is None else to_jax(x) for x in (x1, x2))
         key = programs.ProgramKey.of("expectation error", (graph.signature, names), (a1, a2))
         alone = programs.cached(key, lambda: jax.jit(replicate_fn(graph.network, names)))

@@ -19,6 +19,7 @@ LAYERS = [
     ("converters",),
     ("analytic", "empirical", "autograd"),
     ("pipeline",),
+    ("first_calls",),
     ("api",),
     ("linearize", "predict", "gp"),
     ("analysis", "gpytorch", "testing"),

@@ -30,14 +30,17 @@ class StrategyInfo:
     """The strategy that computed a kernel, and why.
 
     Attributes:
-      implementation: ``"jacobian"``, ``"ntvp"`` or ``"structured"``.
+      implementation: ``"jacobian"``, ``"ntvp"`` or ``"structured"``; ``"torch.func"`` for a
+        first call that ``"auto"`` ran torch-side (:mod:`.payback`).
       costs: per candidate, XLA's cost analysis of its lowered program: ``flops``,
         ``bytes_accessed`` and ``estimated_s`` (the roofline ``max(flops / F, bytes / B)`` of the
-        platform).
+        platform); where ``"auto"`` weighed the compile, ``"torch.func"`` and ``"compile"`` with
+        their ``estimated_s``.
       reason: why this one, in words.
       path: how the model's function was obtained: ``"layers"`` (the layer registry,
         ``ntbridge.convert``) or ``"torch.export"`` (the translated graph of a model without a
-        converter), or ``"apply_fn"`` (a bare JAX function given to ``empirical_ntk_fn``).
+        converter), ``"apply_fn"`` (a bare JAX function given to ``empirical_ntk_fn``), or
+        ``"torch"`` (the torch model itself, ``torch.func``).
 
     Example:
         >>> k, info = ntbridge.empirical_ntk(model, x1, x2, return_info=True)  # the README's
