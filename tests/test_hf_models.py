@@ -98,12 +98,24 @@ def test_a_pooled_head_and_one_graph_for_both_attentions():
     assert graphs[0] == graphs[1]
 
 
+def test_the_default_init_is_hugging_faces_own():
+    # BERT draws every weight, positions' and token types' rows included, from
+    # normal(0, initializer_range); GPT-2 scales its residual projections by 1/sqrt(2 n_layer), so
+    # its weights are read from their values, as init="infer" reads them
+    graph = repr(ntbridge.convert(bert(), example=IDS))
+    for rows in ("AddPositions(weight[:T]: (8, 32)) W_std=0.02", "AddRow(weight[0]: (2, 32)) W_std=0.02"):
+        assert rows in graph
+    model = gpt2(layers=2).double()
+    default, read = ntbridge.nngp(model, IDS[:2]), ntbridge.nngp(model, IDS[:2], init="infer")
+    torch.testing.assert_close(default, read, rtol=1e-12, atol=0)
+
+
 def test_llama_is_refused_naming_its_missing_parts():
     config = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                       num_key_value_heads=2, intermediate_size=64, vocab_size=20,
                                       max_position_embeddings=8)
     with pytest.raises(errors.UnsupportedLayerError,
-                       match=r"LlamaRMSNorm.*RMSNorm.*no kernel rule yet.*rotary"):
+                       match=r"LlamaRMSNorm.*RMSNorm.*rotary.*not yet on this route"):
         ntbridge.ntk(transformers.LlamaModel(config).eval(), IDS)
 
 

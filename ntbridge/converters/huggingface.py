@@ -43,10 +43,11 @@ def export_settings(model: nn.Module) -> Iterator[None]:
         config.use_cache = use_cache
 
 
-# the classes whose ``_init_weights`` draws nn.Linear/ConvNd and nn.Embedding weights as the
-# library's generic one does (checked in transformers 5.25: BERT's and GPT-2's add other modules'
-# initialisation after calling it; Llama, Mistral, Qwen2 do not override it)
-_GENERIC_INIT = ("PreTrainedModel", "BertPreTrainedModel", "GPT2PreTrainedModel")
+# the classes whose ``_init_weights`` draws every weight matrix and embedding as the library's
+# generic one does (checked in transformers 5.25: BERT's adds other modules' initialisation after
+# calling it; Llama, Mistral, Qwen2 do not override it). GPT-2's is not among them: it scales its
+# residual projections, ``c_proj``, by 1/sqrt(2 n_layer), so its weights are read from their values.
+_GENERIC_INIT = ("PreTrainedModel", "BertPreTrainedModel")
 
 
 def init_std(model: nn.Module) -> float | None:

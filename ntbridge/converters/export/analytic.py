@@ -38,9 +38,9 @@ from .translator import _where, cache_key, export
 from .values import Const, Padding, Param, Proj, Rows, Seq, dims
 
 
-
-_MISSING = {"RMSNorm": ": RMSNorm, x * rsqrt(mean(x ** 2) + eps) * w, has no kernel rule yet "
-                       "(nor have rotary position embeddings)"}
+_MISSING = {"RMSNorm": ": RMSNorm, x * rsqrt(mean(x ** 2) + eps) * w, and rotary position "
+                       "embeddings have kernel rules in models torch.fx traces (nn.RMSNorm, "
+                       "the written-out form, stax.RotaryAttention), not yet on this route"}
 
 
 _PADDING_VIEWS = {"unsqueeze", "view", "reshape", "slice", "expand", "to", "_to_copy", "alias"}
