@@ -89,7 +89,7 @@ def _axes(request: Request, x1: torch.Tensor, x2: torch.Tensor | None) -> Axes |
 def _task(request: Request):
     """``(task, graph, x1, x2, batching)`` of the pipeline for ``request`` (for the VJP)."""
     prepared = pipeline.prepare(request)
-    _, x1, x2, graph = prepared
+    x1, x2, graph = prepared.x1, prepared.x2, prepared.graph
     batching = dataclasses.replace(request.batching, platform=platform_of(x1))
     with pipeline.precision_of(request, x1):
         task, _ = pipeline.BUILDERS[EmpiricalNTK](
