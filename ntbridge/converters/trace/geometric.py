@@ -62,8 +62,9 @@ def _call(node: fx.Node, roles: dict[fx.Node, str], where: str):
         return GlobalPool(POOLS[name]), h, None
     if pool:
         raise UnsupportedLayerError(
-            f"{where}: {name} has no kernel rule here (a maximum of Gaussians has no closed "
-            f"form); pool with global_mean_pool or global_add_pool.")
+            f"{where}: {name} has no kernel rule here (MaxPool's numerical rule, stax.maxpool, "
+            f"takes windows of fixed size, not each graph's nodes); pool with global_mean_pool "
+            f"or global_add_pool, or use ntbridge.empirical_ntk / ntbridge.monte_carlo.")
     used = ", ".join(roles[a] for a in arguments if isinstance(a, fx.Node) and a in roles)
     raise ConversionError(
         f"{where} computes with the graph input {used}; in ntbridge the graphs enter PyTorch "
