@@ -56,12 +56,31 @@ CPU_COMPILER_OPTIONS = {_YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION
 # - same-position covariances of spatial inputs (Flatten heads): the older emitters, and the
 #   reductions left to XLA, fused with the loops that make their operands;
 # - every pair of positions (global pooling): the defaults, faster there.
+# - small programs, of any kind (a tile's work at most SMALL_WORK: see small_program): the older
+#   emitters, LLVM's optimisation level 1 and none of its expensive passes. Such a program runs in
+#   milliseconds and compiling it is the call's time: these compile 0.4-0.7x as long.
 _OLDER_EMITTERS = {"xla_cpu_use_fusion_emitters": "False"}  # XLA reads "False", not "false"
 PROGRAM_OPTIONS = {
     "default": {},
     "vector": _OLDER_EMITTERS,
     "diagonal": {**_OLDER_EMITTERS, _YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
+    "small": {**_OLDER_EMITTERS, "xla_backend_optimization_level": "1",
+              "xla_llvm_disable_expensive_passes": "True"},
 }
+SMALL_WORK = 2 ** 16  # pairs of examples in a program times the elements of an example
+
+
+def small_program(pairs: int, example_size: int) -> bool:
+    """Whether a program of the kernel of ``pairs`` pairs of examples of ``example_size`` elements
+    each is small enough for the "small" options: ``pairs * example_size`` at most
+    :data:`SMALL_WORK`. (Weights' products go to libraries whatever the options, so a large
+    model's empirical program of a few examples qualifies too.)
+
+    Example:
+        >>> small_program(6 * 6, 3 * 8 * 8), small_program(32 * 32, 3 * 8 * 8)
+        (True, False)
+    """
+    return pairs * example_size <= SMALL_WORK
 
 _REJECTED: set[str] = set()  # platforms whose XLA rejected the options (they are experimental)
 

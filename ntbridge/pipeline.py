@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import jax
@@ -43,7 +44,7 @@ from torch import nn
 from . import analytic, autograd, programs
 from .converters import (Graph, Selection, Translation, batch_statistics, check_ids,
                          check_input_kind, convert, empirical_graph, packed_inputs)
-from .devices import platform_of
+from .devices import platform_of, small_program
 from .dlpack import (abstract, all_finite, check_device, check_has_data, check_module,
                      model_dtype, precision, to_jax, torch_kernel_dtype)
 from .empirical import Moments, nngp_task, ntk_task, running, sample_counts, sample_task
@@ -232,7 +233,12 @@ def expectation_error(request: Request) -> float:
     with precision_of(prepared.request, x1):
         a1, a2 = (None if x is None else to_jax(x) for x in (x1, x2))
         key = programs.ProgramKey.of("expectation error", (graph.signature, names), (a1, a2))
-        alone = programs.cached(key, lambda: jax.jit(replicate_fn(graph.network, names)))
+        pairs = len(a1) * len(a1 if a2 is None else a2)
+        kind = "small" if small_program(pairs, math.prod(a1.shape[1:])) else "default"
+        devices = list(a1.devices())
+        alone = programs.cached(key, lambda: programs.compile(
+            key, lambda: jax.jit(replicate_fn(graph.network, names)).lower(a1, a2, 0), devices,
+            kind))
         return evaluate_error(graph.network, a1, a2, names, alone)
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import ntbridge
-from ntbridge import errors
+from ntbridge import devices, errors
 
 MODEL = nn.Sequential(nn.Linear(5, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))
 
@@ -261,7 +261,7 @@ def test_cpu_compiler_options_keep_convolutions_off_ynnpack(monkeypatch):
     rejects them compiles without options, and remembers it; other platforms get none."""
     import jax
 
-    from ntbridge import devices, programs
+    from ntbridge import programs
     monkeypatch.setenv("NTBRIDGE_CACHE_DIR", "off")
     conv = jax.jit(lambda x, w: jax.lax.conv_general_dilated(
         x, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")))
@@ -287,12 +287,15 @@ def test_cpu_compiler_options_keep_convolutions_off_ynnpack(monkeypatch):
     assert devices.compiler_options("cpu") == {}
 
 
-def test_analytic_programs_take_the_options_of_their_kind(monkeypatch):
+@pytest.mark.parametrize("small_work", [0, devices.SMALL_WORK])
+def test_analytic_programs_take_the_options_of_their_kind(monkeypatch, small_work):
     """The programs of analytic kernels of vectors (FC) and of same-position covariances (a Flatten
     head) are compiled with the options of their kind; those holding every pair of positions
-    (global pooling) with the defaults."""
-    from ntbridge import devices, programs
+    (global pooling) with the defaults; a small tile's, whatever its kind, with the "small"
+    options (as these, 5 x 5 examples of at most 192 elements)."""
+    from ntbridge import programs
     monkeypatch.setenv("NTBRIDGE_CACHE_DIR", "off")
+    monkeypatch.setattr(devices, "SMALL_WORK", small_work)
     kinds = []
     monkeypatch.setattr(programs, "compiler_options", lambda platform, kind="default": (
         kinds.append(kind) or devices.compiler_options(platform, kind)))
@@ -305,4 +308,4 @@ def test_analytic_programs_take_the_options_of_their_kind(monkeypatch):
         kinds.clear()
         programs.clear()  # compiled afresh, not found among the programs of earlier tests
         ntbridge.kernel(nn.Sequential(*layers), torch.randn(shape), None)
-        assert kinds == [kind]
+        assert kinds == [kind if small_work == 0 else "small"]

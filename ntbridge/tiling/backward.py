@@ -22,10 +22,10 @@ import jax
 import torch
 
 from .. import programs
-from ..dlpack import abstract
 from .arrays import restrict, symmetrize
 from .plan import Batching, Tiling
-from .run import Task, abstract_arguments, plan, sharded, shardings, tile_fn
+from .run import (Task, abstract_arguments, options_kind, plan, sharded, shardings,
+                  tile_fn)
 from .transfer import per_device, stack, tile_inputs
 
 
@@ -55,7 +55,7 @@ def _compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor,
                                               tracked, wrt), arguments, devices)
     return programs.cached(key, lambda: programs.compile(
         key, lambda: _program(task, tiling, devices, tracked, wrt).lower(*arguments), devices,
-        task.program_kind(abstract(x1))))
+        options_kind(task, tiling, x1)))
 
 
 def _cotangent(grad: torch.Tensor, tiling: Tiling, i: int, j: int, perm) -> torch.Tensor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, Hashable, NamedTuple
 
 import jax
@@ -20,6 +21,7 @@ import torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .. import programs
+from ..devices import small_program
 from ..dlpack import abstract, all_finite
 from ..errors import InputError, MemoryBudgetError
 from ..progress import Bar
@@ -153,6 +155,15 @@ def compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor) -> Pr
     return programs.cached(key, lambda: _build(task, tiling, devices, arguments, opts, key, x1))
 
 
+def options_kind(task: Task, tiling: Tiling, x1: torch.Tensor) -> str:
+    """The kind of XLA options (:data:`ntbridge.devices.PROGRAM_OPTIONS`) of ``task``'s programs
+    for ``tiling``'s tiles of inputs like ``x1``: "small" for a small tile
+    (:func:`ntbridge.devices.small_program`), else the task's own kind."""
+    if small_program(tiling.b1 * tiling.b2, math.prod(x1.shape[1:])):
+        return "small"
+    return task.program_kind(abstract(x1))
+
+
 def _build(task: Task, tiling: Tiling, devices: list, arguments: tuple, opts: Batching,
            key: programs.ProgramKey, x1: torch.Tensor) -> Program:
     """The tile program compiled (or loaded from the persistent cache), timed as a stage."""
@@ -161,7 +172,7 @@ def _build(task: Task, tiling: Tiling, devices: list, arguments: tuple, opts: Ba
              progress=opts.progress, leave=False):
         return _analysed(programs.compile(
             key, lambda: _program(task, devices, tiling).lower(*arguments), devices,
-            task.program_kind(abstract(x1))))
+            options_kind(task, tiling, x1)))
 
 
 def _least_entry(task: Task, x1: torch.Tensor) -> list[jax.ShapeDtypeStruct]:
