@@ -275,22 +275,29 @@ def cpu_convolution(batch: int) -> None:
 def compile_options(quick: bool) -> None:
     """Analytic programs compiled with ntbridge's CPU options changed one way at a time: each kind
     of program's options (:data:`ntbridge.devices.PROGRAM_OPTIONS`: "vector" for FC, "diagonal"
-    for Flatten heads, none for global pooling) against the defaults, and ntbridge's codegen split
-    (one LLVM module per core) against XLA's (32). Compile times (best of 3, alternately, each from
-    a fresh lowering) and steady state (alternately)."""
+    for Flatten heads, none for global pooling) against the defaults, the "small" options against
+    the kind's (ntbridge takes them for small programs only: the last workload), and ntbridge's
+    codegen split (one LLVM module per core) against XLA's (32). Compile times (best of 3,
+    alternately, each from a fresh lowering) and steady state (alternately)."""
     from ntbridge.devices import CPU_COMPILER_OPTIONS, compiler_options, usable_cores
+    from ntbridge.tiling.plan import Tiling
+    from ntbridge.tiling.run import options_kind
     workloads = [("FC", fc_model(), (256 if quick else 1024, 784)),
                  ("CNN Flatten 16x16", _cnn("Flatten", 16), (32 if quick else 128, 3, 16, 16)),
-                 ("CNN GAP 8x8", _cnn("global avg pool", 8), (8 if quick else 32, 3, 8, 8))]
+                 ("CNN GAP 8x8", _cnn("global avg pool", 8), (8 if quick else 32, 3, 8, 8)),
+                 ("CNN GAP 8x8", _cnn("global avg pool", 8), (6, 3, 8, 8))]  # a small program
     split = "xla_cpu_parallel_codegen_split_count"
     for name, model, shape in workloads:
         a = to_jax(torch.randn(shape))
         task = analytic.task(Analytic(), ntbridge.convert(model), a, None, "cpu")[0]
-        used = task.program_kind(a)
+        used = options_kind(task, Tiling(len(a), len(a), len(a), True), a)
         ours = compiler_options("cpu", used)
         comparisons = [(f"{kind} options", compiler_options("cpu", kind), compiler_options("cpu"),
                         f"{kind} / default; ntbridge uses {used} here")
                        for kind in ("vector", "diagonal")]
+        comparisons.append(("small options", compiler_options("cpu", "small"),
+                            compiler_options("cpu", task.program_kind(a)),
+                            f"small / {task.program_kind(a)}; ntbridge uses {used} here"))
         comparisons.append(("codegen split", ours, {k: v for k, v in ours.items() if k != split},
                             f"{CPU_COMPILER_OPTIONS[split]} modules ({usable_cores()} cores)"
                             " / XLA's 32"))
