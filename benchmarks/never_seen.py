@@ -20,6 +20,7 @@ import math
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 
 from first_call import GC_CLOCK, _child, row
@@ -56,9 +57,10 @@ class Concat(nn.Module):
     def __init__(self, name):
         super().__init__()
         self.a, self.l1, self.l2 = act(name), nn.Linear(w, w // 2), nn.Linear(w, w // 2)
+        self.l = nn.Linear(w, w)
     def forward(self, x):
         h = self.a(x)
-        return torch.cat([self.l1(h), self.l2(h)], -1)
+        return self.l(torch.cat([self.l1(h), self.l2(h)], -1))
 torch.manual_seed(0)
 if spec["family"] == "cnn":
     k, layers, c = spec["kernel"], [], 3
@@ -109,7 +111,8 @@ else:
             return stax.serial(stax.FanOut(2), stax.parallel(
                 stax.serial(act(name), stax.Dense(w, **std)), stax.Identity()), stax.FanInSum())
         return stax.serial(act(name), stax.FanOut(2), stax.parallel(
-            stax.Dense(w // 2, **std), stax.Dense(w // 2, **std)), stax.FanInConcat())
+            stax.Dense(w // 2, **std), stax.Dense(w // 2, **std)), stax.FanInConcat(),
+            stax.Dense(w, **std))
     layers = ([stax.Dense(w, **std)] + [block(name) for name in acts]
               + [stax.Relu(), stax.Dense(10, **std)])
     x = rng.standard_normal((64, 32)).astype("float32")
@@ -130,7 +133,7 @@ def rows(count: int, seed: int, nt_python: str) -> None:
         spec = json.dumps(architecture(rng))
         cache = tempfile.mkdtemp(prefix="ntbridge-bench-cache-")
         try:
-            ours = _child([spec, "-", "collected"], cache)
+            ours = _child([spec, "-", "collected"], cache, sys.executable, OURS)
             theirs = _child([spec, "-", "collected"], cache, nt_python, THEIRS)
         finally:
             shutil.rmtree(cache, ignore_errors=True)

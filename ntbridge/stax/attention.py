@@ -30,6 +30,7 @@ NTK of their own.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -63,6 +64,7 @@ def _joint(c_n, c_nm, c_m):
                             jnp.concatenate([jnp.swapaxes(c_nm, -1, -2), c_m], -1)], -2)
 
 
+@functools.partial(jax.jit, static_argnames="rule")  # traced once per shapes, not per call
 def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule, replicate, corr=None):
     """``E[A_n Kv A_m^T]`` (and the NTK's expectation) for the pairs of ``kq`` etc.: tuples
     ``(cov_n, cov_nm, cov_m)`` of arrays broadcasting to ``kv`` ``(..., T, T)``; ``ntks``:
