@@ -56,9 +56,9 @@ CPU_COMPILER_OPTIONS = {_YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION
 # - same-position covariances of spatial inputs (Flatten heads): the older emitters, and the
 #   reductions left to XLA, fused with the loops that make their operands;
 # - every pair of positions (global pooling): the defaults, faster there.
-# - small programs, of any kind (a tile's work at most SMALL_WORK: see small_program): the older
-#   emitters, LLVM's optimisation level 1 and none of its expensive passes. Such a program runs in
-#   milliseconds and compiling it is the call's time: these compile 0.4-0.7x as long.
+# - small programs, of any kind (see small_program): the older emitters, LLVM's optimisation
+#   level 1 and none of its expensive passes. Such a program runs in milliseconds and compiling it
+#   is the call's time: these compile in much less time and run a little slower.
 _OLDER_EMITTERS = {"xla_cpu_use_fusion_emitters": "False"}  # XLA reads "False", not "false"
 PROGRAM_OPTIONS = {
     "default": {},
