@@ -111,6 +111,12 @@ def get(key: ProgramKey) -> Any | None:
         return _ENTRIES.get(key)
 
 
+def entries(purpose: str) -> list[tuple[ProgramKey, Any]]:
+    """The entries whose key is for ``purpose``, as ``(key, entry)`` pairs (a snapshot)."""
+    with _LOCK:
+        return [(key, entry) for key, entry in _ENTRIES.items() if key.purpose == purpose]
+
+
 def clear() -> None:
     """Forget every in-memory entry (the disk cache stays)."""
     with _LOCK:

@@ -269,3 +269,30 @@ def test_the_pair_bytes_of_a_kernel_are_an_entry_of_the_one_cache(monkeypatch):
     programs.clear()
     analytic._pair_bytes_of(graph, example)
     assert len(traces) == 2
+
+
+
+def test_a_new_size_runs_a_larger_program_padded_once(monkeypatch):
+    """A first call at a new size runs a whole-tile program compiled for more examples (its tile
+    padded, as edge tiles are; at most PAD_WORK times the pairs) and builds no program; the same
+    size asked for again gets its own; far fewer examples get their own at once. The padded
+    calls give the kernels of the size's own program, x2 = None ones symmetric."""
+    original, built = programs.compile, []
+    monkeypatch.setattr(programs, "compile", lambda *a, **k: built.append(1) or original(*a, **k))
+    programs.clear()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.Tanh(), nn.Flatten(),
+                          nn.Linear(3 * 25, 2)).double()
+    x = torch.randn(16, 2, 5, 5, dtype=torch.float64)
+    kernels = lambda *xs: ntbridge.kernel(model, *xs, get=("nngp", "ntk"))
+    same = lambda a, b: all(torch.allclose(p, q, rtol=1e-12, atol=1e-14) for p, q in zip(a, b))
+    kernels(x, x[:10])
+    padded = kernels(x, x[:7])
+    assert len(built) == 1 and padded.nngp.shape == (16, 7)
+    assert same(padded, kernels(x, x[:7])) and len(built) == 2  # asked again: its own program
+    kernels(x)
+    padded = kernels(x[:12])
+    assert len(built) == 3 and torch.equal(padded.ntk, padded.ntk.T)
+    assert same(padded, kernels(x[:12])) and len(built) == 4
+    kernels(x[:4])  # 16 x 16 pairs are more than PAD_WORK times 4 x 4
+    assert len(built) == 5

@@ -96,9 +96,10 @@ class Tiling:
     n2: int
     b: int
     symmetric: bool
+    padded: tuple[int, int] | None = None  # one whole tile padded to (b1, b2) rows
 
     def __post_init__(self):
-        self.b1, self.b2 = min(self.b, self.n1), min(self.b, self.n2)
+        self.b1, self.b2 = self.padded or (min(self.b, self.n1), min(self.b, self.n2))
         rows, cols = math.ceil(self.n1 / self.b1), math.ceil(self.n2 / self.b2)
         self.tiles = [(i, j) for i in range(rows) for j in range(cols)
                       if not self.symmetric or j >= i]

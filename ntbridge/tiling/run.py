@@ -146,13 +146,57 @@ def _analysed(executable) -> Program:
                                                     + m.output_size_in_bytes + m.temp_size_in_bytes))
 
 
+def _key(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor) -> programs.ProgramKey:
+    devices = tiling.devices(opts)
+    return programs.ProgramKey.of("tiles", (task.computation, tiling.symmetric, tiling.whole),
+                                  abstract_arguments(task, tiling, devices, x1), devices)
+
+
 def compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor) -> Program:
     """The compiled program of ``task`` for ``tiling``'s tiles of inputs like ``x1`` (cached)."""
-    devices = tiling.devices(opts)
+    devices, key = tiling.devices(opts), _key(task, tiling, opts, x1)
     arguments = abstract_arguments(task, tiling, devices, x1)
-    key = programs.ProgramKey.of("tiles", (task.computation, tiling.symmetric, tiling.whole),
-                                 arguments, devices)
     return programs.cached(key, lambda: _build(task, tiling, devices, arguments, opts, key, x1))
+
+
+def _without_tile_sizes(key: programs.ProgramKey) -> tuple[tuple, tuple[int, int]]:
+    """A tile program's key without its tiles' sizes ``b1, b2`` (the stacks' second axis), and
+    those sizes."""
+    tree, (*args, (s1, d1), (s2, d2)) = key.arguments
+    rest = (key.computation, key.x64, key.devices, tree, tuple(args), (s1[0], *s1[2:]), d1,
+            (s2[0], *s2[2:]), d2)
+    return rest, (s1[1], s2[1])
+
+
+PAD_WORK = 2.0  # a padded tile's pairs at most this many times the inputs'
+
+
+def _padded(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
+            opts: Batching) -> tuple[Tiling, Program] | None:
+    """For a size of the inputs (``x1``'s rows, ``n2``) asked for the first time, a whole-tile
+    program of ``task`` already compiled for more examples, its tile padded (as edge tiles are),
+    with at most :data:`PAD_WORK` times the pairs: a first call at a new size then compiles
+    nothing. A size asked for again gets its own program (None)."""
+    n1 = x1.shape[0]
+    exact = Tiling(n1, n2, max(n1, n2), symmetric)
+    key = _key(task, exact, opts, x1)
+    whole_first = opts.candidate_sizes(max(n1, n2), task.compute_bound)[0] == max(n1, n2)
+    alone = jax.process_count() == 1  # processes must agree on the tiling
+    if not (task.pairwise and whole_first and alone) or programs.get(key) is not None:
+        return None
+    asked = dataclasses.replace(key, purpose="size asked")
+    if programs.get(asked) is not None:
+        return None
+    programs.cached(asked, lambda: True)
+    like, _ = _without_tile_sizes(key)
+    larger = [(sizes, program) for other, program in programs.entries("tiles")
+              for rest, sizes in [_without_tile_sizes(other)]
+              if rest == like and sizes[0] >= n1 and sizes[1] >= n2
+              and sizes[0] * sizes[1] <= PAD_WORK * n1 * n2]
+    if not larger:
+        return None
+    (b1, b2), program = min(larger, key=lambda found: math.prod(found[0]))
+    return Tiling(n1, n2, max(b1, b2), symmetric, padded=(b1, b2)), program
 
 
 def options_kind(task: Task, tiling: Tiling, x1: torch.Tensor) -> str:
@@ -197,6 +241,11 @@ def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
     program says), then each tile size whose outputs can fit from XLA's memory analysis of the
     program that will run."""
     n1 = x1.shape[0]
+    reused = _padded(task, x1, n2, symmetric, opts)
+    if reused is not None:
+        budget = result_budget(n1, n2, _entry(reused[1]), opts)
+        if reused[1].tile_bytes <= budget:
+            return (*reused, budget)
     entry, exact_entry = _least_entry(task, x1), False
     budget = result_budget(n1, n2, entry, opts, least=True)
     sizes = opts.candidate_sizes(max(n1, n2), task.compute_bound)
@@ -248,7 +297,8 @@ def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None,
     symmetric, xb = x2 is None, x1 if x2 is None else x2
     n1, n2 = x1.shape[0], xb.shape[0]
     tiling, program, budget = plan(task, x1, n2, symmetric, opts)
-    symmetrized = tiling.symmetric and not (tiling.whole and task.exactly_symmetric(abstract(x1)))
+    symmetrized = tiling.symmetric and not (tiling.whole and tiling.padded is None
+                                            and task.exactly_symmetric(abstract(x1)))
     leaves, treedef = jax.tree.flatten(program.executable.out_info)
     shapes = [(n1, n2, *leaf.shape[3:]) for leaf in leaves]
     dtypes = [getattr(torch, str(leaf.dtype)) for leaf in leaves]
