@@ -276,7 +276,8 @@ def test_a_new_size_runs_a_larger_program_padded_once(monkeypatch):
     """A first call at a new size runs a whole-tile program compiled for more examples (its tile
     padded, as edge tiles are; at most PAD_WORK times the pairs) and builds no program; the same
     size asked for again gets its own; far fewer examples get their own at once. The padded
-    calls give the kernels of the size's own program, x2 = None ones symmetric."""
+    calls give the kernels of the size's own program, x2 = None ones symmetric; their backward
+    repeats the padded tiling (it builds its VJP program only) and gives the same gradients."""
     original, built = programs.compile, []
     monkeypatch.setattr(programs, "compile", lambda *a, **k: built.append(1) or original(*a, **k))
     programs.clear()
@@ -296,3 +297,10 @@ def test_a_new_size_runs_a_larger_program_padded_once(monkeypatch):
     assert same(padded, kernels(x[:12])) and len(built) == 4
     kernels(x[:4])  # 16 x 16 pairs are more than PAD_WORK times 4 x 4
     assert len(built) == 5
+    grads = []  # the backward repeats the padded forward's tiling: it builds the VJP program only
+    for asked in range(2):
+        x5 = x[:5].clone().requires_grad_()
+        kernels(x, x5).ntk.sum().backward()
+        grads.append(x5.grad)
+        assert len(built) == 6 + 2 * asked
+    assert torch.allclose(*grads, rtol=1e-10, atol=1e-12)

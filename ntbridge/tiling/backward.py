@@ -73,7 +73,8 @@ def _cotangent(grad: torch.Tensor, tiling: Tiling, i: int, j: int, perm) -> torc
 
 
 def vjp(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batching,
-        grads: Sequence[torch.Tensor], tracked: tuple[int, ...], inputs: tuple[bool, bool]):
+        grads: Sequence[torch.Tensor], tracked: tuple[int, ...], inputs: tuple[bool, bool],
+        tile: tuple[int, int] | None = None):
     """The gradients of ``<grads, kernel>`` w.r.t. the ``tracked`` leaves of ``task.args`` (in
     ``jax.tree.leaves`` order) and w.r.t. x1 and x2 where ``inputs`` asks for them.
 
@@ -83,13 +84,15 @@ def vjp(task: Task, x1: torch.Tensor, x2: torch.Tensor | None, opts: Batching,
       tracked: indices of the leaves of ``task.args`` to differentiate.
       inputs: whether to differentiate w.r.t. x1 and x2 (with x2 = None, the first flag covers both
         slots).
+      tile: the forward's tile sizes (``TilingInfo.tile``), whose tiling the backward repeats
+        when the forward padded its inputs to a larger program's (None: planned anew).
 
     Returns:
       ``(d_args, d_x1, d_x2)``: a list of torch tensors shaped like the tracked leaves, and
       tensors shaped like x1 and x2 (None where not asked for), on x1's device.
     """
     symmetric, xb = x2 is None, x1 if x2 is None else x2
-    tiling, forward, _ = plan(task, x1, xb.shape[0], symmetric, opts)
+    tiling, forward, _ = plan(task, x1, xb.shape[0], symmetric, opts, tile)
     wrt = (inputs[0], inputs[0] and not tiling.whole) if symmetric else inputs
     program = _compiled(task, tiling, opts, x1, tracked, wrt, forward)
     devices = tiling.devices(opts)

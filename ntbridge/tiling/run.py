@@ -171,13 +171,19 @@ def _without_tile_sizes(key: programs.ProgramKey) -> tuple[tuple, tuple[int, int
 PAD_WORK = 2.0  # a padded tile's pairs at most this many times the inputs'
 
 
-def _padded(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
-            opts: Batching) -> tuple[Tiling, Program] | None:
+def _padded(task: Task, x1: torch.Tensor, n2: int, symmetric: bool, opts: Batching,
+            tile: tuple[int, int] | None) -> tuple[Tiling, Program] | None:
     """For a size of the inputs (``x1``'s rows, ``n2``) asked for the first time, a whole-tile
     program of ``task`` already compiled for more examples, its tile padded (as edge tiles are),
     with at most :data:`PAD_WORK` times the pairs: a first call at a new size then compiles
-    nothing. A size asked for again gets its own program (None)."""
+    nothing. A size asked for again gets its own program (None). With the ``tile`` of a forward
+    computation (a backward pass), that forward's padded tiling, if it was one."""
     n1 = x1.shape[0]
+    if tile is not None:
+        if tile[0] <= n1 and tile[1] <= n2:
+            return None
+        tiling = Tiling(n1, n2, max(tile), symmetric, padded=tile)
+        return tiling, compiled(task, tiling, opts, x1)
     exact = Tiling(n1, n2, max(n1, n2), symmetric)
     key = _key(task, exact, opts, x1)
     whole_first = opts.candidate_sizes(max(n1, n2), task.compute_bound)[0] == max(n1, n2)
@@ -233,15 +239,16 @@ def _entry(program: Program) -> list[jax.ShapeDtypeStruct]:
             for leaf in jax.tree.leaves(program.executable.out_info)]
 
 
-def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool,
-         opts: Batching) -> tuple[Tiling, Program, float]:
+def plan(task: Task, x1: torch.Tensor, n2: int, symmetric: bool, opts: Batching,
+         tile: tuple[int, int] | None = None) -> tuple[Tiling, Program, float]:
     """The tiling (and its compiled program, and the memory budget it fits in) whose tiles fit in
     memory, checked before anything is allocated: the result's least size from shapes alone,
     before any program is compiled (:func:`~.plan.result_budget`; its exact size once the first
     program says), then each tile size whose outputs can fit from XLA's memory analysis of the
-    program that will run."""
+    program that will run. ``tile``: the tile sizes of the forward computation a backward pass
+    repeats (:func:`_padded`)."""
     n1 = x1.shape[0]
-    reused = _padded(task, x1, n2, symmetric, opts)
+    reused = _padded(task, x1, n2, symmetric, opts, tile)
     if reused is not None:
         budget = result_budget(n1, n2, _entry(reused[1]), opts)
         if reused[1].tile_bytes <= budget:
