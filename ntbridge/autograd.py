@@ -78,7 +78,7 @@ class _Kernel:
         with precision(self.x1.dtype):
             d_args, d_x1, d_x2 = vjp(self.task, self.x1, self.x2, self.opts, grads, tracked,
                                      (needed[0], needed[1] and self.x2 is not None),
-                                     self.tiling.tile)
+                                     None if self.tiling is None else self.tiling.tile)
         by_leaf = dict(zip(tracked, d_args))
         like = lambda d, t: None if d is None else d.reshape(t.shape).to(t.device, t.dtype)
         return [d_x1, d_x2, *[like(by_leaf.get(i), t) for i, t in self.tracked]]

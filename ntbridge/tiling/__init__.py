@@ -27,6 +27,7 @@ by op, in torch: :mod:`.arrays`) and the others are mirrored, so the whole is ex
 """
 
 from .plan import Batching, Tiling
-from .run import Task, TilingInfo, compute
+from .run import compute
+from .task import Task, TilingInfo
 
 __all__ = ["Batching", "Task", "Tiling", "TilingInfo", "compute"]
