@@ -5,7 +5,8 @@ kernel's leaves, checked finite after it (``ntbridge.dlpack.all_finite``). The t
 diagonal of a kernel with x2 = x1 are symmetrized after it, in torch
 (:func:`~ntbridge.tiling.arrays.symmetrize`: exactly), unless the program did it. Everything around the
 program is torch and numpy (slicing and padding the inputs, assembling the result), so a request
-dispatches no JAX work besides its programs.
+dispatches no JAX work besides its programs. A size of the inputs asked for the first time may run
+a whole-tile program compiled for more examples, its inputs padded (:func:`_padded`).
 """
 
 from __future__ import annotations
