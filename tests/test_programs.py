@@ -271,7 +271,6 @@ def test_the_pair_bytes_of_a_kernel_are_an_entry_of_the_one_cache(monkeypatch):
     assert len(traces) == 2
 
 
-
 def test_a_new_size_runs_a_larger_program_padded_once(monkeypatch):
     """A first call at a new size runs a whole-tile program compiled for more examples (its tile
     padded, as edge tiles are; at most PAD_WORK times the pairs) and builds no program; the same

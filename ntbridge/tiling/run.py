@@ -96,16 +96,17 @@ def _analysed(executable) -> Program:
                                                     + m.output_size_in_bytes + m.temp_size_in_bytes))
 
 
-def _key(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor) -> programs.ProgramKey:
-    devices = tiling.devices(opts)
+def _key(task: Task, tiling: Tiling, devices: list, arguments: tuple) -> programs.ProgramKey:
+    """The program key of ``task`` for ``tiling``, ``devices`` and ``abstract_arguments``."""
     return programs.ProgramKey.of("tiles", (task.computation, tiling.symmetric, tiling.whole),
-                                  abstract_arguments(task, tiling, devices, x1), devices)
+                                  arguments, devices)
 
 
 def compiled(task: Task, tiling: Tiling, opts: Batching, x1: torch.Tensor) -> Program:
     """The compiled program of ``task`` for ``tiling``'s tiles of inputs like ``x1`` (cached)."""
-    devices, key = tiling.devices(opts), _key(task, tiling, opts, x1)
+    devices = tiling.devices(opts)
     arguments = abstract_arguments(task, tiling, devices, x1)
+    key = _key(task, tiling, devices, arguments)
     return programs.cached(key, lambda: _build(task, tiling, devices, arguments, opts, key, x1))
 
 
@@ -135,7 +136,8 @@ def _padded(task: Task, x1: torch.Tensor, n2: int, symmetric: bool, opts: Batchi
         tiling = Tiling(n1, n2, max(tile), symmetric, padded=tile)
         return tiling, compiled(task, tiling, opts, x1)
     exact = Tiling(n1, n2, max(n1, n2), symmetric)
-    key = _key(task, exact, opts, x1)
+    devices = exact.devices(opts)
+    key = _key(task, exact, devices, abstract_arguments(task, exact, devices, x1))
     whole_first = opts.candidate_sizes(max(n1, n2), task.compute_bound)[0] == max(n1, n2)
     alone = jax.process_count() == 1  # processes must agree on the tiling
     if not (task.pairwise and whole_first and alone) or programs.get(key) is not None:
