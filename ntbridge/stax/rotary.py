@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .softmax_moments import HIGHEST, masked_softmax, pair_moments, psd_factor
+from .softmax_moments import HIGHEST, masked_softmax, pair_moments, psd_factor, summed
 
 
 def correlation(frequencies: np.ndarray, tokens: int) -> np.ndarray:
@@ -113,7 +113,7 @@ def rotary_moments(kq, kk, kv, ntks, masks, z: jax.Array, chunk: int, corr: jax.
     flat = jax.tree.map(lambda a: a.reshape(-1, t, t), (kq, kk, kv, ntks, masks))
 
     def one(q, k, v, n, m):
-        return pair_moments(rotary_blocks(q, k, v, n, corr), z, *m, chunk, sample_terms)
+        return pair_moments(rotary_blocks(q, k, v, n, corr), z, *m, chunk, summed(sample_terms))
 
     out = jax.vmap(one)(*flat)
     return jax.tree.map(lambda a: a.reshape(*batch, t, t), out)

@@ -103,18 +103,8 @@ def masked_softmax(logits: jax.Array, allowed: jax.Array | None) -> jax.Array:
     return e / e.sum(-1, keepdims=True)
 
 
-def _mm(a, b):
-    return jnp.matmul(a, b, precision=HIGHEST)
-
-
-def _tangent(a, b, m, kv):
-    """``sum_{s,s'} M[s,s'] (J_a Kv J_b)[s,s']`` for every query pair ``(t, t')``, with ``J_a =
-    diag(a_t) - a_t a_t^T`` the softmax's Jacobian at row ``t`` of ``a`` ``(T, T)`` (``b`` at
-    ``t'``): the expansion of ``J_a Kv J_b`` into four products of ``T x T`` matrices."""
-    bt = jnp.swapaxes(b, -1, -2)
-    kvb, mb = _mm(kv, bt), _mm(m, bt)
-    return (_mm(_mm(a, m * kv), bt) - _mm(a, kvb * mb)
-            - _mm(_mm(a, m) * _mm(a, kv), bt) + _mm(a, kvb) * _mm(a, mb))
+def _dot(spec: str, *operands):
+    return jnp.einsum(spec, *operands, precision=HIGHEST)
 
 
 class Blocks(NamedTuple):
@@ -134,33 +124,63 @@ class Blocks(NamedTuple):
     tv: jax.Array | None
 
 
-def _sample_terms(b: Blocks, z: jax.Array, allowed_n, allowed_m):
-    """For one point ``z`` ``(2T, 2T)``: the value-covariance term and, with the NTK, its term."""
-    g_n = _mm(_mm(b.lq_n, z), b.lk_n.T)
-    g_m = _mm(_mm(b.lq_m, z), b.lk_m.T)
-    a, c = masked_softmax(g_n, allowed_n), masked_softmax(g_m, allowed_m)
-    ct = c.T
-    nngp = _mm(_mm(a, b.kv), ct)
+def _chunk_terms(b: Blocks, z: jax.Array, allowed_n, allowed_m):
+    """For points ``z`` ``(S, 2T, 2T)``: the sums over them of the value-covariance term ``A_n Kv
+    A_m^T`` and, with the NTK, of its term ``A_n Tv A_m^T + Tq * D(Kk) + Kq * D(Tk)``, where
+    ``D(M)[t, t'] = sum_{u,u'} M[u,u'] (J_a Kv J_c)[u,u']`` with ``J_a = diag(a_t) - a_t a_t^T``
+    the softmax's Jacobian at row ``t`` of ``a = A_n`` (``c = A_m`` at ``t'``). The entries of
+    ``J_a Kv J_c`` are ``a_tu c_t'u' (Kv[u,u'] - (Kv c_t')_u - (a_t Kv)_u' + a_t Kv c_t')``, so
+
+        D(M) = (a (M * Kv) - (a M) * (a Kv)) c^T - a ((Kv c^T) * (M c^T)) + (a Kv c^T) * (a M c^T).
+
+    The attention weights are laid out ``(T, S, T)`` (query, point, key): the first two terms'
+    sums over the points are then long matrix products (the contraction runs over points and
+    keys, not ``S`` small products); only the last is a product per point. ``A_n``'s logits see
+    only a point's first ``T`` rows and columns (the factors are lower-triangular)."""
+    t = b.kv.shape[-1]
+    g_n = _dot("tu,suv,wv->tsw", b.lq_n[:, :t], z[:, :t, :t], b.lk_n[:, :t])
+    g_m = _dot("tu,suv,wv->tsw", b.lq_m, z, b.lk_m)
+    mask = lambda allowed: None if allowed is None else allowed[:, None]
+    a, c = masked_softmax(g_n, mask(allowed_n)), masked_softmax(g_m, mask(allowed_m))
+    akv = _dot("tsu,uv->tsv", a, b.kv)
+    nngp = _dot("tsv,rsv->tr", akv, c)
     if b.tv is None:
         return nngp, None
-    ntk = (_mm(_mm(a, b.tv), ct) + b.tq * _tangent(a, c, b.kk, b.kv)
-           + b.kq * _tangent(a, c, b.tk, b.kv))
-    return nngp, ntk
+    kvc = _dot("uv,rsv->rsu", b.kv, c)  # [t', s, u]
+    akvc = _dot("tsu,rsu->str", a, kvc)
+
+    def d(m):
+        mc = _dot("uv,rsv->rsu", m, c)
+        left = _dot("tsu,uv->tsv", a, m * b.kv) - _dot("tsu,uv->tsv", a, m) * akv
+        return (_dot("tsv,rsv->tr", left, c) - _dot("tsu,rsu->tr", a, kvc * mc)
+                + (akvc * _dot("tsu,rsu->str", a, mc)).sum(0))
+
+    return nngp, _dot("tsu,uv,rsv->tr", a, b.tv, c) + b.tq * d(b.kk) + b.kq * d(b.tk)
+
+
+def summed(sample):
+    """A rule's terms at one point, ``sample(b, z, allowed_n, allowed_m)``, as their sums over
+    the points ``z`` ``(S, ...)`` (what :func:`pair_moments` takes)."""
+    def chunk_terms(b, z, allowed_n, allowed_m):
+        terms = jax.vmap(lambda p: sample(b, p, allowed_n, allowed_m))(z)
+        return jax.tree.map(lambda v: v.sum(0), terms)
+    return chunk_terms
 
 
 def pair_moments(b: Blocks, z: jax.Array, allowed_n, allowed_m, chunk: int,
-                 sample=_sample_terms):
-    """Means of ``sample(b, point, allowed_n, allowed_m)`` (:func:`_sample_terms`, or the rotary
-    rule's) over the points ``z`` ``(R, S, 2T, 2T)`` (all replicates'): each term ``(T, T)`` (the
-    NTK's None without ``b.tv``), ``chunk`` points at a time."""
+                 terms=_chunk_terms):
+    """Means of a rule's terms over the points ``z`` ``(R, S, 2T, 2T)`` (all replicates'):
+    ``terms(b, points, allowed_n, allowed_m)`` sums them over ``chunk`` points at a time
+    (:func:`_chunk_terms`, or the rotary rule's per-point terms :func:`summed`); each term
+    ``(T, T)`` (the NTK's None without ``b.tv``)."""
     z = z.reshape(-1, *z.shape[2:])
     chunk = min(chunk, z.shape[0])
-    terms = jax.vmap(lambda p: sample(b, p, allowed_n, allowed_m))
+    sums = lambda points: terms(b, points, allowed_n, allowed_m)
 
     def step(total, points):
-        return jax.tree.map(lambda t, v: t + v.sum(0), total, terms(points)), None
+        return jax.tree.map(jnp.add, total, sums(points)), None
 
     zc = z.reshape(-1, chunk, *z.shape[1:])
-    zero = jax.tree.map(lambda v: jnp.zeros(v.shape[1:], v.dtype), jax.eval_shape(terms, zc[0]))
+    zero = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), jax.eval_shape(sums, zc[0]))
     total, _ = jax.lax.scan(step, zero, zc)
     return jax.tree.map(lambda t: t / z.shape[0], total)

@@ -135,13 +135,19 @@ def _own_pairs(rule, k: Kernel, ids: Kernel | None, store: _Store, a: _Form, b: 
 
 def _across(rule: BranchRule, k: Kernel, ids, store: _Store, a: _Form, b: _Form, hyper):
     """The NNGP and NTK of a branch's outputs at two depths: stream ``a`` on x1, ``b`` on x2. The
-    copies' parameters are distinct, so their own part of the NTK (the rule's, at zero incoming
-    NTK: the rules are affine in it) is left out."""
+    copies' parameters are distinct, so their own part of the NTK (the rule's at zero incoming
+    NTK) is left out: the rules are affine in the incoming NTK, whose linear part is the rule's
+    derivative along it (one pass, the NNGP's expectations shared)."""
     pair = _pair(k, store, a, b, False)
-    out = rule(pair, ids, hyper)
-    if out.ntk is None:
-        return out.nngp, None
-    return out.nngp, out.ntk - rule(pair.replace(ntk=jnp.zeros_like(pair.ntk)), ids, hyper).ntk
+    if pair.ntk is None:
+        return rule(pair, ids, hyper).nngp, None
+
+    def kernels(ntk):
+        out = rule(pair.replace(ntk=ntk), ids, hyper)
+        return out.nngp, out.ntk
+
+    (nngp, _), (_, ntk) = jax.jvp(kernels, (jnp.zeros_like(pair.ntk),), (pair.ntk,))
+    return nngp, ntk
 
 
 def _branch(step: int, depth: int, rule: BranchRule, k, ids, store: _Store, inputs: list,
