@@ -29,7 +29,9 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
   pooling, Linear, on N = 64 sequences of 16 tokens, float32: the analytic NNGP + NTK of torch's
   attention (public ``ntbridge.kernel``, first call and steady call), the reported relative
   error of its numerical expectation, and the steady call with ``progress=True`` (tiled so that
-  its bar moves).
+  its bar moves);
+* ``rule``: that classifier on N = 32 sequences with 8 replicates of 8, 16 and 32 points (the
+  default): steady calls and the reported error (``--rows rule``).
 """
 
 from __future__ import annotations
@@ -365,11 +367,32 @@ def classifier_rows(quick: bool) -> None:
           f"s, {shown / times[1]:.2f}x the single tile")
 
 
+def rule_rows(quick: bool) -> None:
+    """The classifier at N = 32 (the first-calls issue's size) with 8 replicates of 8, 16 and 32
+    points (the default): steady calls (the median of 3 after a first) and the reported error."""
+    import torch
+
+    import ntbridge
+
+    n, t = (8, 8) if quick else (32, 16)
+    model = text_classifier(t)
+    ids = torch.randint(0, VOCAB, (n, t), generator=torch.Generator().manual_seed(0))
+    for points in (8, 16, 32):
+        times = []
+        for _ in range(4):
+            start = time.perf_counter()
+            ntbridge.kernel(model, ids, attention_points=points)
+            times.append(time.perf_counter() - start)
+        error = ntbridge.expectation_error(model, ids, attention_points=points)
+        print(f"text classifier N={n} T={t}, 8 x {points} points: first call {times[0]:.1f} s, "
+              f"steady {statistics.median(times[1:]):.2f} s; reported error {error:.1e}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nt-python", help="a Python with Neural Tangents 0.6.5")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rows", default="linear,first,sandwich,sweep,classifier")
+    parser.add_argument("--rows", default="linear,first,sandwich,sweep,classifier,rule")
     args = parser.parse_args()
     if "linear" in args.rows:
         linear_rows(args.nt_python)
@@ -381,4 +404,6 @@ if __name__ == "__main__":
         sweep_rows(args.quick)
     if "classifier" in args.rows:
         classifier_rows(args.quick)
+    if "rule" in args.rows:
+        rule_rows(args.quick)
     sys.exit(0)
