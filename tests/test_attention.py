@@ -20,6 +20,7 @@ from torch import nn
 
 import ntbridge
 from ntbridge import errors, stax
+from ntbridge.stax import softmax_moments
 from ntbridge.stax.attention import SelfAttention, Stds, sandwich
 from ntbridge.stax.covariances import evaluate, evaluate_error
 
@@ -227,6 +228,41 @@ def test_attention_points_set_the_error_of_the_expectation():
     for bad in (0, 3, 2.0, True):
         with pytest.raises(errors.InputError, match="attention_points must be a power of 2"):
             ntbridge.ntk(model, x, attention_points=bad)
+
+
+def test_expectation_terms_are_the_per_point_formulas():
+    """The rule's sums over points (long matrix products, ``softmax_moments._chunk_terms``) equal
+    each point's terms written out (float64, a causal mask): ``a Kv c^T`` and the NTK's ``a Tv c^T
+    + sum_{u,u'} TG[t,t',u,u'] (J_a Kv J_c)[u,u']`` with the softmaxes' Jacobians ``J = diag(a_t)
+    - a_t a_t^T`` and the logits' NTK ``TG = Tq Kk + Kq Tk``."""
+    t, points = 3, 4
+    rng = np.random.default_rng(0)
+    psd = lambda n: (lambda a: a @ a.T / n)(rng.standard_normal((n, n + 2)))
+    kv, tv, kq, kk, tq, tk = (rng.standard_normal((t, t)) for _ in range(6))
+    z = rng.standard_normal((1, points, 2 * t, 2 * t))
+    allowed = np.tril(np.ones((t, t), bool))
+    with jax.enable_x64(True):
+        lq, lk = (np.asarray(softmax_moments.psd_factor(jnp.asarray(psd(2 * t))))
+                  for _ in range(2))
+        blocks = softmax_moments.Blocks(*(jnp.asarray(a) for a in (
+            lq[:t], lq[t:], lk[:t], lk[t:], kv, kq, kk, tq, tk, tv)))
+        nngp, ntk = softmax_moments.pair_moments(blocks, jnp.asarray(z), allowed, allowed, 2)
+
+    def softmax(g):
+        e = np.where(allowed, np.exp(g - g.max(-1, keepdims=True)), 0)
+        return e / e.sum(-1, keepdims=True)
+
+    expected = np.zeros((2, t, t))
+    for p in z[0]:
+        a, c = softmax(lq[:t] @ p @ lk[:t].T), softmax(lq[t:] @ p @ lk[t:].T)
+        expected[0] += a @ kv @ c.T / points
+        jac = lambda w: np.diag(w) - np.outer(w, w)
+        for i in range(t):
+            for j in range(t):
+                tg = tq[i, j] * kk + kq[i, j] * tk
+                own = (jac(a[i]) @ kv @ jac(c[j]) * tg).sum()
+                expected[1, i, j] += ((a @ tv @ c.T)[i, j] + own) / points
+    np.testing.assert_allclose(np.stack([nngp, ntk]), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_attention_programs_call_no_library_routines():
