@@ -31,7 +31,9 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
   error of its numerical expectation, and the steady call with ``progress=True`` (tiled so that
   its bar moves);
 * ``rule``: that classifier on N = 32 sequences with 8 replicates of 8, 16 and 32 points (the
-  default): steady calls and the reported error (``--rows rule``).
+  default): steady calls and the reported error (``--rows rule``);
+* ``fresh``: that classifier's calls in a new process with an empty program cache (N = 32): the
+  first call, the same call again, and x2 of a size not asked for before.
 """
 
 from __future__ import annotations
@@ -388,11 +390,49 @@ def rule_rows(quick: bool) -> None:
               f"steady {statistics.median(times[1:]):.2f} s; reported error {error:.1e}")
 
 
+CLASSIFIER_CALLS = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import torch, ntbridge
+from attention import text_classifier, VOCAB
+n = int(sys.argv[2])
+ids = torch.randint(0, VOCAB, (n, 16), generator=torch.Generator().manual_seed(0))
+model = text_classifier(16)
+seconds = []
+for x2 in (None, None, ids[:n * 3 // 4]):
+    start = time.perf_counter()
+    ntbridge.kernel(model, ids, x2)
+    seconds.append(time.perf_counter() - start)
+print(*seconds)
+"""
+
+
+def fresh_rows(rounds: int, quick: bool) -> None:
+    """The classifier's calls as a new process makes them (empty program cache): the first call
+    (N = 32, x2 = None, the default rule), the same call again, and x2 of a size not asked for
+    before (3/4 of N)."""
+    import os
+    import tempfile
+
+    here, n = os.path.dirname(os.path.abspath(__file__)), 8 if quick else 32
+    runs = []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory() as folder:
+            out = subprocess.run([sys.executable, "-c", CLASSIFIER_CALLS, here, str(n)],
+                                 env={**os.environ, "NTBRIDGE_CACHE_DIR": folder},
+                                 capture_output=True, text=True, check=True)
+            runs.append([float(v) for v in out.stdout.split()[-3:]])
+    first, steady, new = (statistics.median(r[i] for r in runs) for i in range(3))
+    print(f"text classifier N={n} T=16, a fresh process (median of {rounds}): first call "
+          f"{first:.1f} s, steady {steady:.1f} s, a new x2 size {new:.1f} s "
+          f"({new / first:.2f}x the first call)")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nt-python", help="a Python with Neural Tangents 0.6.5")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rows", default="linear,first,sandwich,sweep,classifier,rule")
+    parser.add_argument("--rows", default="linear,first,sandwich,sweep,classifier,rule,fresh")
     args = parser.parse_args()
     if "linear" in args.rows:
         linear_rows(args.nt_python)
@@ -406,4 +446,6 @@ if __name__ == "__main__":
         classifier_rows(args.quick)
     if "rule" in args.rows:
         rule_rows(args.quick)
+    if "fresh" in args.rows:
+        fresh_rows(1 if args.quick else 3, args.quick)
     sys.exit(0)
