@@ -138,19 +138,21 @@ def _chunk_terms(b: Blocks, z: jax.Array, allowed_n, allowed_m):
     keys, not ``S`` small products); only the last is a product per point. ``A_n``'s logits see
     only a point's first ``T`` rows and columns (the factors are lower-triangular)."""
     t = b.kv.shape[-1]
-    g_n = _dot("tu,suv,wv->tsw", b.lq_n[:, :t], z[:, :t, :t], b.lk_n[:, :t])
-    g_m = _dot("tu,suv,wv->tsw", b.lq_m, z, b.lk_m)
+    rows = jnp.swapaxes(z, 0, 1)  # [u, s, v]: the factors' products are plain matrix products
+    logits = lambda lq, zr, lk: _dot("tsv,wv->tsw", _dot("tu,usv->tsv", lq, zr), lk)
+    g_n = logits(b.lq_n[:, :t], rows[:t, :, :t], b.lk_n[:, :t])
+    g_m = logits(b.lq_m, rows, b.lk_m)
     mask = lambda allowed: None if allowed is None else allowed[:, None]
     a, c = masked_softmax(g_n, mask(allowed_n)), masked_softmax(g_m, mask(allowed_m))
     akv = _dot("tsu,uv->tsv", a, b.kv)
     nngp = _dot("tsv,rsv->tr", akv, c)
     if b.tv is None:
         return nngp, None
-    kvc = _dot("uv,rsv->rsu", b.kv, c)  # [t', s, u]
+    kvc = _dot("rsv,uv->rsu", c, b.kv)  # [t', s, u]
     akvc = _dot("tsu,rsu->str", a, kvc)
 
     def d(m):
-        mc = _dot("uv,rsv->rsu", m, c)
+        mc = _dot("rsv,uv->rsu", c, m)
         left = _dot("tsu,uv->tsv", a, m * b.kv) - _dot("tsu,uv->tsv", a, m) * akv
         return (_dot("tsv,rsv->tr", left, c) - _dot("tsu,rsu->tr", a, kvc * mc)
                 + (akvc * _dot("tsu,rsu->str", a, mc)).sum(0))
