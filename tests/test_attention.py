@@ -265,6 +265,32 @@ def test_expectation_terms_are_the_per_point_formulas():
     np.testing.assert_allclose(np.stack([nngp, ntk]), expected, rtol=1e-12, atol=1e-12)
 
 
+def test_a_logit_scale_is_the_queries_scaled():
+    """Logits ``alpha q k^T / sqrt(d)`` are those of queries ``alpha q``: with the NTK
+    parameterization (where a weight's std scales its own NTK term too) the layer's kernels equal
+    those of ``W_q, b_q`` times ``alpha``, exactly; the forward pass likewise."""
+    x = np.random.default_rng(0).standard_normal((3, 4, 8))
+    stds = Stds(0.8, 1.1, 0.9, 1.0, 0.2, 0.1, 0.3, 0.1)
+    layer = lambda s, scale: SelfAttention(8, 2, s, parameterization="ntk", logit_scale=scale,
+                                           rule=stax.Rule(8, 2))
+    scaled = layer(stds, 1.5)
+    queries = layer(stds._replace(W_q=1.5 * stds.W_q, b_q=1.5 * stds.b_q), 1.0)
+    with jax.enable_x64(True):
+        x = jnp.asarray(x)
+        got, expected = (evaluate(stax.serial(net), x, None, ("nngp", "ntk"))
+                         for net in (scaled, queries))
+        for get in ("nngp", "ntk"):  # the logits' factors (an example with itself: singular
+            # covariances, made definite by a 1e-10 ramp) amplify the rounding of 1.5**2 * K
+            np.testing.assert_allclose(got[get], expected[get], rtol=1e-9)
+        params = scaled.init_fn(jax.random.key(0), x.shape)[1]
+        params_q = dict(params, in_proj_weight=params["in_proj_weight"].at[:8].multiply(1.5),
+                        in_proj_bias=params["in_proj_bias"].at[:8].multiply(1.5))
+        np.testing.assert_allclose(scaled.apply_fn(params, x), queries.apply_fn(params_q, x),
+                                   rtol=1e-12, atol=1e-12)
+    with pytest.raises(errors.UnsupportedLayerError, match="linear_scaling"):
+        SelfAttention(8, 2, stds, linear_scaling=True, logit_scale=2.0)
+
+
 def test_attention_programs_call_no_library_routines():
     # XLA's CPU runtime runs independent library calls side by side, and a batched LAPACK call
     # waits on its worker thread for work queued on the same threads: two of them deadlocked the

@@ -29,6 +29,7 @@ SPELLINGS = {  # name: (build, has biases, kernel checked: spellings of one sign
     "chunk, additive mask": (lambda: Chunked(D, HEADS), True, False),
     "grouped, repeat_kv": (lambda: Grouped(D, HEADS, 2), False, True),
     "grouped, enable_gqa": (lambda: Grouped(D, HEADS, 2, gqa=True), False, True),
+    "SDPA, scale 2 / sqrt(d_head)": (lambda: Rescaled(D, HEADS), False, False),
 }
 
 
@@ -50,8 +51,9 @@ class _Reference(nn.Module):
 
 @pytest.mark.parametrize("name", SPELLINGS)
 def test_each_spelling_is_the_attention_rule(name):
-    # every spelling is causal; the grouped ones' kernel is the full heads' (the limit of many
-    # query heads per key head: the cross terms of heads sharing a key average out)
+    # every spelling but the rescaled one is causal; the grouped ones' kernel is the full heads'
+    # (the limit of many query heads per key head: the cross terms of heads sharing a key average
+    # out)
     build, bias, kernel = SPELLINGS[name]
     torch.manual_seed(0)
     model, x = build().double().eval(), _inputs()
@@ -120,11 +122,12 @@ def test_a_padding_mask_of_the_token_ids():
 @pytest.mark.parametrize("build", [
     lambda: CausalSelfAttention(256, 4, 16, flash=True),
     lambda: Grouped(256, 16, 2, gqa=True),
-], ids=["nanoGPT", "grouped"])
+    lambda: Rescaled(256, 4),
+], ids=["nanoGPT", "grouped", "rescaled"])
 def test_attention_matches_fresh_wide_models(build):
     # as torch initialises them (uniform weights and biases), 256 channels: nanoGPT's attention
-    # (its masked_fill path is the same function of the same weights), and 16 query heads sharing
-    # 2 key heads: the mean of 64 fresh models' empirical NNGP and NTK within 5 combined standard
+    # (its masked_fill path is the same function of the same weights), 16 query heads sharing
+    # 2 key heads, and logits at twice the default scale: the mean of 64 fresh models' empirical NNGP and NTK within 5 combined standard
     # errors (the samples' and the rule's)
     x = _inputs(3, 256, seed=1)
     nngps, ntks = fresh_kernels(lambda: build().eval(), x, 64, seed=100)
@@ -137,7 +140,6 @@ def test_attention_matches_fresh_wide_models(build):
 
 
 @pytest.mark.parametrize("model, message", [
-    (lambda: Rescaled(D, HEADS), r"scaled by 0\.5, not by 1/sqrt\(d_head\)"),
     (lambda: Unnormalised(D, HEADS), r"relu of logits values.*recognised form of self-attention"),
     (lambda: Cross(D, HEADS), r"different sequences: cross-attention.*recognised form"),
 ])

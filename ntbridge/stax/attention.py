@@ -169,9 +169,11 @@ def _allowed(mask, padding_id, ids: Kernel | None):
 
 def attention_rule(embed_dim: int, stds: Stds, parameterization: str, mask: jax.Array | None,
                    linear_scaling: bool, rule: Rule, padding_id: int | None = None,
-                   frequencies: tuple[float, ...] | None = None):
+                   frequencies: tuple[float, ...] | None = None, logit_scale: float = 1.0):
     """The kernel rule of :func:`SelfAttention` (see the module doc); ``frequencies``: those of
-    rotary position embeddings of the queries and keys (:mod:`.rotary`; None: none)."""
+    rotary position embeddings of the queries and keys (:mod:`.rotary`; None: none);
+    ``logit_scale``: the logits' factor over ``1/sqrt(d_head)``, which scales the queries' kernels
+    (NNGP and NTK) by its square."""
     s = stds
 
     def kernel_fn(k) -> Kernel:
@@ -185,6 +187,9 @@ def attention_rule(embed_dim: int, stds: Stds, parameterization: str, mask: jax.
         affine = lambda k, W, b: dense_rule(k, embed_dim, embed_dim, W, b, parameterization)
         arrays = lambda p: ((p.nngp, p.cov1, p.cov2), p.ntk)
         (kq, tq), (kv, tv) = arrays(affine(k, s.W_q, s.b_q)), arrays(affine(k, s.W_v, s.b_v))
+        if logit_scale != 1.0:  # the queries as the logits see them
+            kq = tuple(logit_scale ** 2 * c for c in kq)
+            tq = None if tq is None else logit_scale ** 2 * tq
         if linear_scaling:
             z, tz = _linear_limit(k, s, kv, tv, allowed)
         else:
@@ -206,7 +211,8 @@ def _heads(x, n_heads):
 def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
                   parameterization: str = "standard", mask: jax.Array | None = None,
                   linear_scaling: bool = False, rule: Rule = Rule(),
-                  padding_id: int | None = None, distribution: str = "uniform") -> Layer:
+                  padding_id: int | None = None, distribution: str = "uniform",
+                  logit_scale: float = 1.0) -> Layer:
     """torch's ``nn.MultiheadAttention(embed_dim, num_heads, bias=stds.b_q is not None,
     batch_first=True)`` called as ``attn(x, x, x, attn_mask=mask, need_weights=False)[0]``, or
     with ``padding_id`` as ``attn(x, x, x, key_padding_mask=ids == padding_id, ...)``.
@@ -217,7 +223,8 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
     ``out_proj.bias (E,)``. ``mask``: an additive ``(T, T)`` float mask (``-inf`` where a query may
     not see a key, as torch turns a boolean mask). ``linear_scaling``: the tied, ``1/d`` variant
     (module doc), whose forward ties the keys to the queries. ``rule``: the numerical
-    expectation's (:class:`Rule`).
+    expectation's (:class:`Rule`). ``logit_scale``: logits ``logit_scale * q k^T / sqrt(d)``
+    (e.g. ``F.scaled_dot_product_attention``'s ``scale=`` times ``sqrt(d)``).
 
     Example:
         >>> stds = Stds(*(0.5 ** 0.5,) * 3, 3 ** -0.5, 0.0, 0.0, 0.0, 0.0)
@@ -227,6 +234,9 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
     """
     if embed_dim % num_heads:
         raise ShapeError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+    if linear_scaling and logit_scale != 1.0:
+        raise UnsupportedLayerError("linear_scaling takes the logits q q^T / d as they are "
+                                    "(logit_scale 1).")
     s, has_bias = stds, stds.b_q is not None
     head_dim = embed_dim // num_heads
 
@@ -254,7 +264,7 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
         q, k, v = (_heads(a, num_heads) for a in jnp.split(qkv, 3, axis=-1))
         k = q if linear_scaling else k
         logits = jnp.einsum("nthd,nshd->nhts", q, k, precision=jax.lax.Precision.HIGHEST)
-        logits = logits / (head_dim if linear_scaling else head_dim ** 0.5)
+        logits = logits * (logit_scale / (head_dim if linear_scaling else head_dim ** 0.5))
         if mask is not None:
             logits = logits + mask
         if ids is not None:
@@ -266,6 +276,6 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
 
     return Layer(init_fn, apply_fn,
                  attention_rule(embed_dim, stds, parameterization, mask, linear_scaling, rule,
-                                padding_id),
+                                padding_id, logit_scale=logit_scale),
                  full_spatial=True, input_kernel=sequence_kernel,
                  replicates=0 if linear_scaling else rule.replicates)

@@ -19,7 +19,6 @@ A model returning a Hugging Face ``ModelOutput`` gives the kernel of its first f
 from __future__ import annotations
 
 import inspect
-import math
 
 import torch
 from torch import fx, nn
@@ -226,12 +225,6 @@ def _attention(walk: _Walk, node: fx.Node, name: str, args) -> Seq:
     out = Proj(-1, weight, bias, name == "addmm", 0, 0, node)
     out = Proj(-1, weight, bias, name == "addmm", 0, out.out_features, node)
 
-    def check_scale(scale: float, d: int) -> None:
-        if not math.isclose(scale, d ** -0.5, rel_tol=1e-6):
-            raise UnsupportedLayerError(
-                f"{_where(node)}: the attention's logits are scaled by {scale:.6g}, not by "
-                f"1/sqrt(d_head) = {d ** -0.5:.6g}; only the latter has a kernel rule here.")
-
-    module, prefix, source = attention(mixed, out, check_scale)
+    module, prefix, source = attention(mixed, out)
     ids = () if module.padding is None else (INPUT,)
     return walk.add(prefix, module, (source, *ids), node)

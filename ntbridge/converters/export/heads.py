@@ -29,8 +29,8 @@ RECOGNISED = (
     ".chunk(3, -1); heads by view/reshape/unflatten to (N, T, H, d_head) and transpose(1, 2) or "
     "permute(0, 2, 1, 3) (keys and values repeated for grouped-query heads, repeat_kv); then "
     "F.scaled_dot_product_attention(q, k, v, attn_mask=a constant (T, T) mask, is_causal=..., "
-    "enable_gqa=...) or softmax((q @ k.transpose(-2, -1)) * d_head ** -0.5 with "
-    "masked_fill(a constant mask, -inf) or + a constant mask, dim=-1) @ v, scaled by 1/sqrt(d_head) "
+    "enable_gqa=..., scale=...) or softmax((q @ k.transpose(-2, -1)) * a constant scale with "
+    "masked_fill(a constant mask, -inf) or + a constant mask, dim=-1) @ v "
     "(and a key padding mask of the model's token ids, masked_fill((ids == pad)[:, None, None, :], "
     "-inf)); "
     "the heads merged by transpose(1, 2) and reshape(N, T, d); then one output projection.")
@@ -251,7 +251,7 @@ def _kv_heads(heads: Heads, head_dim: int) -> int:
     return (heads.proj.hi - heads.proj.lo) // head_dim
 
 
-def attention(mixed: Mixed, out: Proj, check_scale) -> tuple[ExportedAttention, str, int]:
+def attention(mixed: Mixed, out: Proj) -> tuple[ExportedAttention, str, int]:
     """The attention node of ``mixed`` projected by ``out``: the module, its name (the qualified
     name its projections' modules share) and the converted node it reads (with a key padding
     mask, the token ids too)."""
@@ -268,8 +268,7 @@ def attention(mixed: Mixed, out: Proj, check_scale) -> tuple[ExportedAttention, 
     if g != _kv_heads(v, d) or h % g or h * d != fan_in:
         raise _refuse(f"{h} query heads and {g} key heads of {d} channels, projected from "
                       f"{fan_in} features")
-    scale = d ** -0.5 if mixed.scale is None else mixed.scale
-    check_scale(scale, d)
+    logit_scale = 1.0 if mixed.scale is None else mixed.scale * d ** 0.5  # over 1/sqrt(d)
     projections = [q.proj, k.proj, v.proj, out]
     owners = [p.owner.split(".") for p in projections]
     common = []
@@ -282,5 +281,6 @@ def attention(mixed: Mixed, out: Proj, check_scale) -> tuple[ExportedAttention, 
     params = {rel(p.name): p.tensor for pr in projections for p in (pr.weight, pr.bias) if p}
     shares = [Projection(pr.owner, rel(pr.weight.name), pr.bias and rel(pr.bias.name),
                          pr.transposed, pr.lo, pr.hi) for pr in projections]
-    module = ExportedAttention(params, *shares, h, g, d, mixed.allowed, mixed.padding)
+    module = ExportedAttention(params, *shares, h, g, d, mixed.allowed, mixed.padding,
+                                logit_scale)
     return module, prefix, q.proj.source

@@ -116,15 +116,17 @@ class ExportedAttention(nn.Module):
     """Self-attention recognised in an exported graph (:mod:`.heads`): queries, keys and values
     projected from one sequence ``x`` ``(N, T, E)``, ``heads`` query heads of ``head_dim``
     channels sharing ``kv_heads`` heads of keys and values (grouped-query attention), logits
-    ``q k^T / sqrt(head_dim)``, the keys each query may see (``allowed``: a ``(T, T)`` boolean
-    tensor, None for all; ``padding``: keys whose token id is this one masked, the layer then
-    taking ``(x, ids)``), softmax, ``@ v``, the heads merged and projected by ``out``."""
+    ``logit_scale * q k^T / sqrt(head_dim)``, the keys each query may see (``allowed``: a
+    ``(T, T)`` boolean tensor, None for all; ``padding``: keys whose token id is this one masked,
+    the layer then taking ``(x, ids)``), softmax, ``@ v``, the heads merged and projected by
+    ``out``."""
 
     def __init__(self, parameters: dict[str, nn.Parameter], q: Projection, k: Projection,
                  v: Projection, out: Projection, heads: int, kv_heads: int, head_dim: int,
-                 allowed: torch.Tensor | None, padding: int | None = None):
+                 allowed: torch.Tensor | None, padding: int | None = None,
+                 logit_scale: float = 1.0):
         super().__init__()
-        self.padding = padding
+        self.padding, self.logit_scale = padding, logit_scale
         hold(self, parameters)
         self.projections = (q, k, v, out)
         self.heads, self.kv_heads, self.head_dim, self.allowed = heads, kv_heads, head_dim, allowed
@@ -134,8 +136,9 @@ class ExportedAttention(nn.Module):
         owners = ", ".join(dict.fromkeys(p.owner for p in self.projections))
         mask = "" if self.allowed is None else ", masked"
         groups = f", kv_heads={self.kv_heads}" if self.kv_heads != self.heads else ""
+        scale = "" if self.logit_scale == 1.0 else f", logit_scale={self.logit_scale:.6g}"
         return (f"ExportedAttention({owners}: heads={self.heads}{groups}, "
-                f"head_dim={self.head_dim}{mask})")
+                f"head_dim={self.head_dim}{scale}{mask})")
 
 
 def _forward(module: ExportedAttention, mask: jax.Array | None):
@@ -148,7 +151,8 @@ def _forward(module: ExportedAttention, mask: jax.Array | None):
         split = lambda p, n: p.apply(params, x).reshape(*x.shape[:-1], n, d)
         qs, ks, vs = split(q, h), split(k, g), split(v, g)
         ks, vs = (jnp.repeat(a, h // g, axis=-2) for a in (ks, vs))
-        logits = jnp.einsum("nthd,nshd->nhts", qs, ks, precision=_EXACT) / d ** 0.5
+        logits = jnp.einsum("nthd,nshd->nhts", qs, ks, precision=_EXACT) * (
+            module.logit_scale / d ** 0.5)
         if mask is not None:
             logits = logits + mask
         if ids is not None:
@@ -195,7 +199,7 @@ def _exported_attention(module: ExportedAttention, ctx: Context) -> stax.Layer:
                               parameterization=ctx.parameterization, mask=mask,
                               linear_scaling=ctx.options.attention == "linear",
                               rule=stax.Rule(points=ctx.options.attention_points),
-                              padding_id=module.padding)
+                              padding_id=module.padding, logit_scale=module.logit_scale)
     if ctx.options.attention == "linear":
         raise UnsupportedLayerError("attention='linear' (Neural Tangents' tied variant) is not "
                                     "this model's attention; use the default 'softmax'.")
