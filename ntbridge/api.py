@@ -115,7 +115,7 @@ def expectation_error(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | Non
     computation, in one piece (no tiling).
 
     Example:
-        >>> ntbridge.expectation_error(encoder, x)       # e.g. 1.5e-4
+        >>> ntbridge.expectation_error(encoder, x)       # a float, e.g. 2e-4
     """
     return pipeline.expectation_error(Request(model, x1, x2, Analytic(get), conversion=conversion))
 

@@ -36,10 +36,9 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 class Rule(NamedTuple):
     """The numerical expectation's rule: ``points`` per replicate (a power of 2), ``replicates``
-    independent scramblings, the base ``seed``, and ``chunk`` points evaluated at once. The
-    default's 256 points put the kernel of a 2-layer, 16-token classifier within 1.5e-4 of the
-    expectation (its reported error; ``benchmarks/attention.py``), the time proportional to the
-    points."""
+    independent scramblings, the base ``seed``, and ``chunk`` points evaluated at once. The time
+    is proportional to the points; the default's error on a 2-layer, 16-token classifier and the
+    other rules' are in ``benchmarks/README.md`` (``benchmarks/attention.py --rows rule``)."""
 
     points: int = 32
     replicates: int = 8
