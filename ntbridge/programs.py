@@ -32,9 +32,11 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import functools
+import gc
 import hashlib
 import os
 import pickle
@@ -121,6 +123,16 @@ def clear() -> None:
     """Forget every in-memory entry (the disk cache stays)."""
     with _LOCK:
         _ENTRIES.clear()
+
+
+@atexit.register
+def _release() -> None:
+    """At exit, free the compiled programs (ntbridge's and JAX's caches) while XLA is still up: left
+    to the interpreter's teardown, an executable freed after XLA's CPU runtime can abort the
+    process ("terminate called without an active exception", exit status 134)."""
+    clear()
+    jax.clear_caches()
+    gc.collect()
 
 
 # ---- the disk cache ----

@@ -303,3 +303,29 @@ def test_a_new_size_runs_a_larger_program_padded_once(monkeypatch):
         grads.append(x5.grad)
         assert len(built) == 6 + 2 * asked
     assert torch.allclose(*grads, rtol=1e-10, atol=1e-12)
+
+
+EXPECTATION_ERRORS = """
+import torch, ntbridge
+from torch import nn
+attention = nn.MultiheadAttention(64, 2, batch_first=True).double()
+model = type("Attention", (nn.Module,), {
+    "__init__": lambda self: (nn.Module.__init__(self), setattr(self, "attn", attention))[0],
+    "forward": lambda self, x: self.attn(x, x, x, need_weights=False)[0]})()
+x = torch.randn(3, 4, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+for points in (8, 32):
+    ntbridge.expectation_error(model, x, attention_points=points)
+"""
+
+
+def test_a_process_exits_cleanly_after_its_programs(tmp_path):
+    """Compiled programs are freed while XLA is up (an exit hook of ``ntbridge.programs``): left
+    to the interpreter's teardown, this script (two expectation-error programs of attention,
+    loaded from the disk cache by the second process) ended with "terminate called without an
+    active exception" and exit status 134 in about a third of the runs."""
+    env = {**os.environ, "NTBRIDGE_CACHE_DIR": str(tmp_path)}
+    for _ in range(2):  # the first process writes the programs, the second loads them
+        out = subprocess.run([sys.executable, "-c", EXPECTATION_ERRORS], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert "terminate called" not in out.stderr
