@@ -1,7 +1,7 @@
 """Self-attention spelled as people write it by hand (beside nanoGPT's, :mod:`nanogpt`): separate
 projections without biases, heads by ``reshape``/``permute`` or ``unflatten``, masks from
 buffers (boolean or additive), a given ``scale``, grouped-query heads by ``repeat_kv`` or
-``enable_gqa``; and spellings that have no kernel rule."""
+``enable_gqa``, rotary position embeddings; and spellings that have no kernel rule."""
 
 import math
 
@@ -91,6 +91,31 @@ class Rescaled(Separate):
         split = lambda a: a.reshape(n, t, self.heads, -1).transpose(1, 2)
         y = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)),
                                            scale=2 * (d // self.heads) ** -0.5)
+        return self.o(y.transpose(1, 2).reshape(n, t, d))
+
+
+class Rotated(Separate):
+    """Rotary position embeddings (Llama's ``q * cos + rotate_half(q) * sin``, the same for
+    ``k``) from ``cos``/``sin`` buffers sliced to the length, then causal SDPA. ``stretch``
+    scales both tables: other than 1 they are no rotation (no rule)."""
+
+    def __init__(self, d: int, heads: int, length: int = 16, stretch: float = 1.0):
+        super().__init__(d, heads, length)
+        half = d // heads // 2
+        j = torch.arange(half, dtype=torch.float64)
+        angles = torch.arange(length, dtype=torch.float64)[:, None] * 10000.0 ** (-j / half)
+        angles = torch.cat([angles, angles], -1)
+        self.register_buffer("cos", stretch * angles.cos())
+        self.register_buffer("sin", stretch * angles.sin())
+
+    def forward(self, x):
+        n, t, d = x.shape
+        split = lambda a: a.view(n, t, self.heads, -1).transpose(1, 2)
+        half = d // self.heads // 2
+        turn = lambda a: a * self.cos[:t] + torch.cat([-a[..., half:], a[..., :half]], -1) * \
+            self.sin[:t]
+        y = F.scaled_dot_product_attention(turn(split(self.q(x))), turn(split(self.k(x))),
+                                           split(self.v(x)), is_causal=True)
         return self.o(y.transpose(1, 2).reshape(n, t, d))
 
 

@@ -1,8 +1,10 @@
 """The analytic route over torch.export graphs: attention as people write it (nanoGPT's, separate
-projections, chunks, masks from buffers, grouped-query heads) converted into the attention rule.
+projections, chunks, masks from buffers, grouped-query heads, rotary embeddings) converted into
+the attention rule.
 
 Each spelling's converted forward is the model's own; its kernel is that of the equivalent
-``nn.MultiheadAttention`` at the same variances (exactly); nanoGPT's attention at its own width
+``nn.MultiheadAttention`` at the same variances (exactly; rotary embeddings: the rotary rule's);
+nanoGPT's attention at its own width
 agrees with fresh torch models' Monte-Carlo (NNGP and NTK); other spellings are refused with the
 recognised form.
 """
@@ -16,8 +18,8 @@ import ntbridge
 from ntbridge import errors
 from ntbridge.dlpack import precision, to_jax
 
-from attention_spellings import (Chunked, Cross, Grouped, Padded, Rescaled, Separate,
-                                 Unnormalised)
+from attention_spellings import (Chunked, Cross, Grouped, Padded, Rescaled, Rotated,
+                                 Separate, Unnormalised)
 from montecarlo import fresh_kernels, standard_error, z_scores
 from nanogpt import CausalSelfAttention
 
@@ -30,6 +32,7 @@ SPELLINGS = {  # name: (build, has biases, kernel checked: spellings of one sign
     "grouped, repeat_kv": (lambda: Grouped(D, HEADS, 2), False, True),
     "grouped, enable_gqa": (lambda: Grouped(D, HEADS, 2, gqa=True), False, True),
     "SDPA, scale 2 / sqrt(d_head)": (lambda: Rescaled(D, HEADS), False, False),
+    "rotary embeddings": (lambda: Rotated(D, HEADS), False, False),
 }
 
 
@@ -71,6 +74,19 @@ def test_each_spelling_is_the_attention_rule(name):
     for get in ("nngp", "ntk"):
         torch.testing.assert_close(getattr(k, get), getattr(reference, get), rtol=1e-12,
                                    atol=0)
+
+
+def test_rotary_embeddings_are_the_rotary_rule():
+    # the frequencies read from the cos and sin tables are those of the hand-written Llama
+    # attention whose converter builds stax.RotaryAttention (causal, no biases): the same kernel
+    from llama_modules import LlamaAttention
+
+    torch.manual_seed(0)
+    model, x = Rotated(D, HEADS).double().eval(), _inputs()
+    assert "rotary" in repr(ntbridge.convert(model, example=x))
+    k, reference = ntbridge.kernel(model, x), ntbridge.kernel(LlamaAttention(D, HEADS, HEADS).double(), x)
+    for get in ("nngp", "ntk"):
+        torch.testing.assert_close(getattr(k, get), getattr(reference, get), rtol=1e-12, atol=0)
 
 
 def test_a_residual_block_around_the_attention():
@@ -142,6 +158,8 @@ def test_attention_matches_fresh_wide_models(build):
 @pytest.mark.parametrize("model, message", [
     (lambda: Unnormalised(D, HEADS), r"relu of logits values.*recognised form of self-attention"),
     (lambda: Cross(D, HEADS), r"different sequences: cross-attention.*recognised form"),
+    (lambda: Rotated(D, HEADS, stretch=2.0),
+     r"not cos\(t w\) and sin\(t w\).*recognised form is Llama's"),
 ])
 def test_other_spellings_are_refused_with_the_recognised_form(model, message):
     with pytest.raises(errors.UnsupportedLayerError, match=message):

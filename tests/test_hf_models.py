@@ -1,7 +1,9 @@
-"""Hugging Face models on the analytic route over torch.export graphs: tiny random GPT-2, BERT
-and ViT (attention ``"sdpa"`` and ``"eager"``), read at ``last_hidden_state`` or a pooled head;
-their converted forward is the model's own, and 1-layer GPT-2 and BERT at their own width agree
-with fresh models' Monte-Carlo (NNGP and NTK)."""
+"""Hugging Face models on the analytic route over torch.export graphs: tiny random GPT-2, BERT,
+ViT and Llama (attention ``"sdpa"`` and ``"eager"``), read at ``last_hidden_state`` or a pooled
+head; their converted forward is the model's own, and 1-layer GPT-2, BERT and Llama at their own
+width agree with fresh models' Monte-Carlo (NNGP and NTK)."""
+
+from functools import partial
 
 import numpy as np
 import pytest
@@ -9,7 +11,6 @@ import torch
 from torch import nn
 
 import ntbridge
-from ntbridge import errors
 from ntbridge.dlpack import precision, to_jax
 
 from montecarlo import fresh_kernels, standard_error, z_scores
@@ -31,6 +32,16 @@ def bert(d=32, attention="sdpa", pool=False):
                                      intermediate_size=2 * d, vocab_size=20,
                                      max_position_embeddings=8, attn_implementation=attention)
     return transformers.BertModel(config, add_pooling_layer=pool).eval()
+
+
+def llama(d=32, attention="sdpa", family="Llama"):
+    # RMSNorm written out, rotary embeddings, 2 key/value heads for 4 query heads, SwiGLU;
+    # Mistral's layout is Llama's, Qwen2's adds biases to the queries, keys and values
+    config = getattr(transformers, f"{family}Config")(
+        hidden_size=d, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=2 * d, vocab_size=20, max_position_embeddings=8,
+        attn_implementation=attention)
+    return getattr(transformers, f"{family}Model")(config).eval()
 
 
 def vit(attention="sdpa"):
@@ -60,7 +71,10 @@ class Pooled(Hidden):
 
 IMAGES = torch.randn(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
 MODELS = {f"{name}, {attention}": (build, attention, x)
-          for name, build, x in (("GPT-2", gpt2, IDS), ("BERT", bert, IDS), ("ViT", vit, IMAGES))
+          for name, build, x in (("GPT-2", gpt2, IDS), ("BERT", bert, IDS), ("ViT", vit, IMAGES),
+                                 ("Llama", llama, IDS),
+                                 ("Mistral", partial(llama, family="Mistral"), IDS),
+                                 ("Qwen2", partial(llama, family="Qwen2"), IDS))
           for attention in ("sdpa", "eager")}
 
 
@@ -77,8 +91,10 @@ def test_the_converted_forward_is_the_models(name):
     model, x = build(attention=attention).double(), x.double() if x.is_floating_point() else x
     graph, y = _forward(model, x)
     assert "ExportedAttention" in [type(n.module).__name__ for n in graph.layers]
-    # some eager attentions take their softmax in float32 (ViT's): the model's own rounding
-    tolerance = 1e-6 if attention == "eager" else 1e-12
+    # some eager attentions take their softmax in float32 (ViT's), Llama's family its norms and
+    # rotary tables: the model's own rounding
+    rounded = attention == "eager" or name.split(",")[0] in ("Llama", "Mistral", "Qwen2")
+    tolerance = 1e-6 if rounded else 1e-12
     np.testing.assert_allclose(y, model(x).last_hidden_state.detach().numpy(), atol=tolerance)
 
 
@@ -110,18 +126,25 @@ def test_the_default_init_is_hugging_faces_own():
     torch.testing.assert_close(default, read, rtol=1e-12, atol=0)
 
 
-def test_llama_is_refused_naming_its_missing_parts():
-    config = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=64, vocab_size=20,
-                                      max_position_embeddings=8)
-    with pytest.raises(errors.UnsupportedLayerError,
-                       match=r"LlamaRMSNorm.*RMSNorm.*rotary.*not yet on this route"):
-        ntbridge.ntk(transformers.LlamaModel(config).eval(), IDS)
+def test_llamas_parts_are_recognised():
+    # the written-out RMSNorm as nn.RMSNorm holding the model's weight, the rotary embeddings in
+    # the attention, the SwiGLU product of two branches; Llama draws every weight from
+    # normal(0, initializer_range), as the default init reads it
+    graph = ntbridge.convert(llama(), example=IDS)
+    names = {n.name: n for n in graph.layers}
+    assert type(names["layers.0.input_layernorm"].module).__name__ == "RMSNorm"
+    assert "rotary" in repr(names["layers.0.self_attn"].module)
+    assert "kv_heads=2" in repr(names["layers.0.self_attn"].module)
+    assert any(type(n.module).__name__ == "Multiply" and not n.module.dependent
+               for n in graph.layers)
+    assert names["embed_tokens"].hyper["W_std"] == 0.02
+    assert names["layers.0.mlp.gate_proj"].hyper["W_std"] == pytest.approx(0.02 * 32 ** 0.5)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("build", [lambda: gpt2(128), lambda: bert(128, "eager")],
-                         ids=["GPT-2", "BERT"])
+@pytest.mark.parametrize("build", [lambda: gpt2(128), lambda: bert(128, "eager"),
+                                   lambda: llama(128), lambda: llama(128, family="Qwen2")],
+                         ids=["GPT-2", "BERT", "Llama", "Qwen2"])
 def test_one_layer_models_match_fresh_wide_models(build):
     # 128 channels in 4 heads, as Hugging Face initialises them: the mean of 48 fresh models'
     # empirical NNGP and NTK within 5 standard errors of the kernel at the variances read from

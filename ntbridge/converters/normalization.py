@@ -38,6 +38,16 @@ def _rms_norm(module: nn.RMSNorm, ctx: Context) -> stax.Layer:
     return _affine_constants(layer, "RMSNorm", ctx, weight=weight)
 
 
+def rms_norm_of(weight: nn.Parameter | None, eps: float) -> nn.RMSNorm:
+    """The ``nn.RMSNorm`` of the last axis computing ``x * rsqrt(mean(x**2, -1) + eps) * weight``
+    (written out in a model), holding the model's ``weight`` itself (None: no weight)."""
+    if weight is None:  # over the last axis, whatever its size (-1: see stax.RMSNorm)
+        return nn.RMSNorm(-1, eps, elementwise_affine=False)
+    module = nn.RMSNorm(tuple(weight.shape), eps, dtype=weight.dtype)
+    module.weight = weight
+    return module
+
+
 def _affine_constants(layer: stax.Layer, kind: str, ctx: Context, **values: float | None
                       ) -> stax.Layer:
     """``layer`` of a norm whose affine parameters have ``values`` (NaN where they vary, which no

@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel, sequence_kernel
 from .layers import Layer, _sample, dense_rule
-from .rotary import correlation, rotary_moments
+from .rotary import correlation, rotary_moments, rotate
 from .softmax_moments import Blocks, Rule, masked_softmax, normal_points, pair_moments, psd_factor
 
 
@@ -212,7 +212,8 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
                   parameterization: str = "standard", mask: jax.Array | None = None,
                   linear_scaling: bool = False, rule: Rule = Rule(),
                   padding_id: int | None = None, distribution: str = "uniform",
-                  logit_scale: float = 1.0) -> Layer:
+                  logit_scale: float = 1.0,
+                  frequencies: tuple[float, ...] | None = None) -> Layer:
     """torch's ``nn.MultiheadAttention(embed_dim, num_heads, bias=stds.b_q is not None,
     batch_first=True)`` called as ``attn(x, x, x, attn_mask=mask, need_weights=False)[0]``, or
     with ``padding_id`` as ``attn(x, x, x, key_padding_mask=ids == padding_id, ...)``.
@@ -224,7 +225,9 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
     not see a key, as torch turns a boolean mask). ``linear_scaling``: the tied, ``1/d`` variant
     (module doc), whose forward ties the keys to the queries. ``rule``: the numerical
     expectation's (:class:`Rule`). ``logit_scale``: logits ``logit_scale * q k^T / sqrt(d)``
-    (e.g. ``F.scaled_dot_product_attention``'s ``scale=`` times ``sqrt(d)``).
+    (e.g. ``F.scaled_dot_product_attention``'s ``scale=`` times ``sqrt(d)``). ``frequencies``:
+    queries and keys rotated by rotary position embeddings of these ``d / 2`` frequencies
+    (:func:`~.rotary.rotate`, Llama's), the logits' covariance then :mod:`.rotary`'s.
 
     Example:
         >>> stds = Stds(*(0.5 ** 0.5,) * 3, 3 ** -0.5, 0.0, 0.0, 0.0, 0.0)
@@ -234,11 +237,14 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
     """
     if embed_dim % num_heads:
         raise ShapeError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
-    if linear_scaling and logit_scale != 1.0:
+    if linear_scaling and (logit_scale != 1.0 or frequencies is not None):
         raise UnsupportedLayerError("linear_scaling takes the logits q q^T / d as they are "
-                                    "(logit_scale 1).")
+                                    "(logit_scale 1, no rotary embeddings).")
     s, has_bias = stds, stds.b_q is not None
     head_dim = embed_dim // num_heads
+    if frequencies is not None and (len(frequencies) != head_dim // 2 or head_dim % 2):
+        raise ShapeError(f"rotary embeddings of heads of {head_dim} channels need "
+                         f"{head_dim // 2} frequencies (an even head size), got {len(frequencies)}")
 
     def init_fn(key, input_shape):
         input_shape = input_shape if padding_id is None else input_shape[0]
@@ -263,6 +269,8 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
             qkv = qkv + params["in_proj_bias"]
         q, k, v = (_heads(a, num_heads) for a in jnp.split(qkv, 3, axis=-1))
         k = q if linear_scaling else k
+        if frequencies is not None:
+            q, k = (rotate(a, jnp.asarray(frequencies)) for a in (q, k))
         logits = jnp.einsum("nthd,nshd->nhts", q, k, precision=jax.lax.Precision.HIGHEST)
         logits = logits * (logit_scale / (head_dim if linear_scaling else head_dim ** 0.5))
         if mask is not None:
@@ -276,6 +284,6 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
 
     return Layer(init_fn, apply_fn,
                  attention_rule(embed_dim, stds, parameterization, mask, linear_scaling, rule,
-                                padding_id, logit_scale=logit_scale),
+                                padding_id, frequencies, logit_scale),
                  full_spatial=True, input_kernel=sequence_kernel,
                  replicates=0 if linear_scaling else rule.replicates)

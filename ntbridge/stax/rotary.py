@@ -45,6 +45,16 @@ def correlation(frequencies: np.ndarray, tokens: int) -> np.ndarray:
     return np.cos(delta[..., None] * np.asarray(frequencies, np.float64)).mean(-1)
 
 
+def rotate(x: jax.Array, frequencies: jax.Array) -> jax.Array:
+    """Llama's ``x * cos + rotate_half(x) * sin`` for heads ``x`` ``(N, T, H, D)``, the angle of
+    channel ``i`` (and ``i + D/2``) at position ``t`` being ``t * frequencies[i]``."""
+    angles = jnp.arange(x.shape[1], dtype=x.dtype)[:, None] * frequencies.astype(x.dtype)
+    angles = jnp.concatenate([angles, angles], -1)[None, :, None, :]  # (1, T, 1, D)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
+    return x * jnp.cos(angles) + rotated * jnp.sin(angles)
+
+
 class RotaryBlocks(NamedTuple):
     """One pair's arrays: the rows of the logits' factor ``l_n, l_m`` ``(T*T, 2T*T)`` (example
     ``n``'s logits, then ``m``'s), the values' cross covariance ``kv`` ``(T, T)``, and for the NTK

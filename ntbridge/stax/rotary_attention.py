@@ -23,6 +23,7 @@ from ..errors import ShapeError
 from .attention import Stds, attention_rule
 from .kernel import sequence_kernel
 from .layers import Layer, _sample
+from .rotary import rotate
 from .softmax_moments import HIGHEST, Rule
 
 _NAMES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -31,16 +32,6 @@ _NAMES = ("q_proj", "k_proj", "v_proj", "o_proj")
 def inverse_frequencies(head_dim: int, base: float = 10000.0) -> tuple[float, ...]:
     """Llama's rotary frequencies ``base**(-2j / head_dim)``, ``j < head_dim / 2``."""
     return tuple(float(base ** (-2 * j / head_dim)) for j in range(head_dim // 2))
-
-
-def rotate(x: jax.Array, frequencies: jax.Array) -> jax.Array:
-    """Llama's ``x * cos + rotate_half(x) * sin`` for heads ``x`` ``(N, T, H, D)``, the angle of
-    channel ``i`` (and ``i + D/2``) at position ``t`` being ``t * frequencies[i]``."""
-    angles = jnp.arange(x.shape[1], dtype=x.dtype)[:, None] * frequencies.astype(x.dtype)
-    angles = jnp.concatenate([angles, angles], -1)[None, :, None, :]  # (1, T, 1, D)
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
-    return x * jnp.cos(angles) + rotated * jnp.sin(angles)
 
 
 def RotaryAttention(embed_dim: int, num_heads: int, stds: Stds, *, frequencies: tuple[float, ...],

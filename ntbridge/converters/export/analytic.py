@@ -29,17 +29,14 @@ from ...errors import ConversionError, UnsupportedLayerError
 from ...stax import INPUT
 from ..graph import Node, make_node
 from ..registry import Options
+from ..normalization import rms_norm_of
 from .heads import HEAD_VALUES, Mixed, attention, head_op
+from .norms import Normed, norm_op
 from .operations import HANDLERS
 from .pointwise import Pointwise, module_of, pointwise
 from .standins import ExportedAffine
 from .translator import _where, cache_key, export
 from .values import Const, Padding, Param, Proj, Rows, Seq, dims
-
-
-_MISSING = {"RMSNorm": ": RMSNorm, x * rsqrt(mean(x ** 2) + eps) * w, and rotary position "
-                       "embeddings have kernel rules in models torch.fx traces (nn.RMSNorm, "
-                       "the written-out form, stax.RotaryAttention), not yet on this route"}
 
 
 _PADDING_VIEWS = {"unsqueeze", "view", "reshape", "slice", "expand", "to", "_to_copy", "alias"}
@@ -85,10 +82,11 @@ class _Walk:
             if value not in self.made:
                 self.made[value] = self.affine(value).index
             return self.made[value]
-        if isinstance(value, Pointwise):
+        if isinstance(value, (Pointwise, Normed)):  # an RMSNorm that no weight multiplied
             if value not in self.made:
-                self.made[value] = self.add("", module_of(value), (value.source,),
-                                            value.node).index
+                module = module_of(value) if isinstance(value, Pointwise) else rms_norm_of(
+                    None, value.eps)
+                self.made[value] = self.add("", module, (value.source,), value.node).index
             return self.made[value]
         if not isinstance(value, Seq):
             raise UnsupportedLayerError(f"{_where(node)} computes {node.target} of "
@@ -171,19 +169,20 @@ def _call(walk: _Walk, node: fx.Node):
         if (found := head_op(name, node, args, kwargs)) is not None:
             return found
         args = tuple(Seq(walk.seq(a, node)) if isinstance(a, Proj) else a for a in args)
+    if (found := norm_op(walk, name, node, args)) is not None:
+        return found
     if (found := pointwise(name, node, args, kwargs)) is not None:
         return found
-    args = tuple(Seq(walk.seq(a, node)) if isinstance(a, Pointwise) else a for a in args)
+    args = tuple(Seq(walk.seq(a, node)) if isinstance(a, (Pointwise, Normed)) else a
+                 for a in args)
     flat = [a for a in _flat((args, kwargs))]
     if not any(isinstance(a, (Seq, Param, Rows)) for a in flat):
         return _constant(target, args, kwargs)
     handler = HANDLERS.get(name)
     if handler is None:
-        missing = next((why for kind, why in _MISSING.items() if kind in _where(node)), "")
         raise UnsupportedLayerError(
             f"{_where(node)} computes aten.{name}, which has no kernel rule on the analytic route "
-            f"over exported graphs{missing}. Its empirical kernels work: "
-            f"ntbridge.empirical_ntk(model, x).")
+            f"over exported graphs. Its empirical kernels work: ntbridge.empirical_ntk(model, x).")
     return handler(walk, node, args, kwargs)
 
 

@@ -20,8 +20,9 @@ import math
 import torch
 
 from ...errors import UnsupportedLayerError
+from .rotary import Turn, rotary_op
 from .standins import ExportedAttention, Projection
-from .values import Const, Padding, Proj, both, dims, regroup
+from .values import Const, Heads, Padding, Proj, both, dims, regroup
 
 RECOGNISED = (
     "The recognised form of self-attention: queries, keys and values projected from one sequence "
@@ -35,17 +36,6 @@ RECOGNISED = (
     "-inf)); "
     "the heads merged by transpose(1, 2) and reshape(N, T, d); then one output projection.")
 _FILL = -1e30  # masked entries: -inf, or the dtype's lowest number (Hugging Face's masks)
-
-
-@dataclasses.dataclass(frozen=True)
-class Heads:
-    """A share of a projection laid out by ``axes`` (names of the module doc); ``group``: how
-    many times each head is repeated (grouped-query attention)."""
-
-    proj: Proj
-    axes: tuple[str, ...]
-    shape: tuple
-    group: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +63,7 @@ class Mixed:
     padding: int | None = None
 
 
-HEAD_VALUES = (Proj, Heads, Logits, Mixed)
+HEAD_VALUES = (Proj, Heads, Logits, Mixed, Turn)
 _VIEWS = {"view", "reshape", "_unsafe_view", "unflatten"}
 _SAME = {"contiguous", "clone", "alias", "detach", "dropout", "_to_copy", "to", "type_as"}
 
@@ -84,13 +74,13 @@ def _refuse(what: str) -> UnsupportedLayerError:
 
 
 def _laid_out(value, axes: tuple[str, ...], shape: tuple, group: int):
-    """``value`` with new axes (same kind); a projection's tokens and features as they were, the
-    projection itself."""
+    """``value`` with new axes (same kind); a projection's tokens and features as they were (not
+    rotated), the projection itself."""
     if isinstance(value, Mixed):
         return dataclasses.replace(value, axes=axes)
-    if axes in (("N", "T", "F"), ("NT", "F")) and group == 1:
+    if axes in (("N", "T", "F"), ("NT", "F")) and group == 1 and value.frequencies is None:
         return value.proj
-    return Heads(value.proj, axes, shape, group)
+    return dataclasses.replace(value, axes=axes, shape=shape, group=group)
 
 
 def _as_heads(value, shape: tuple = ()):
@@ -220,6 +210,8 @@ def head_op(name: str, node, args: tuple, kwargs: dict):
     value = args[0]
     if name in ("linear", "addmm"):
         return None
+    if (found := rotary_op(name, node, args)) is not None:
+        return found
     if name in ("split", "split_with_sizes", "chunk") and isinstance(value, Proj):
         return _split(name, value, args, node)
     if name == "matmul":
@@ -242,8 +234,8 @@ def head_op(name: str, node, args: tuple, kwargs: dict):
     if plain and name not in _VIEWS | {"transpose", "permute"}:
         return None  # a projection used as a plain Linear layer
     if name == "mul" and any(isinstance(a, Const) for a in args):
-        raise _refuse("queries or keys multiplied by constants of the positions (rotary position "
-                      "embeddings, as Llama's), which have no kernel rule here yet")
+        raise _refuse("heads multiplied by a constant other than a rotary embedding's cos or sin "
+                      "table (T, d_head) of the positions")
     raise _refuse(f"{name} of {type(value).__name__.lower()} values")
 
 
@@ -268,6 +260,8 @@ def attention(mixed: Mixed, out: Proj) -> tuple[ExportedAttention, str, int]:
     if g != _kv_heads(v, d) or h % g or h * d != fan_in:
         raise _refuse(f"{h} query heads and {g} key heads of {d} channels, projected from "
                       f"{fan_in} features")
+    if q.frequencies != k.frequencies or v.frequencies is not None:
+        raise _refuse("rotary embeddings of the queries and keys that differ, or of the values")
     logit_scale = 1.0 if mixed.scale is None else mixed.scale * d ** 0.5  # over 1/sqrt(d)
     projections = [q.proj, k.proj, v.proj, out]
     owners = [p.owner.split(".") for p in projections]
@@ -282,5 +276,5 @@ def attention(mixed: Mixed, out: Proj) -> tuple[ExportedAttention, str, int]:
     shares = [Projection(pr.owner, rel(pr.weight.name), pr.bias and rel(pr.bias.name),
                          pr.transposed, pr.lo, pr.hi) for pr in projections]
     module = ExportedAttention(params, *shares, h, g, d, mixed.allowed, mixed.padding,
-                                logit_scale)
+                                logit_scale, q.frequencies)
     return module, prefix, q.proj.source

@@ -1,8 +1,8 @@
 """The operations on converted tensors of the analytic walk over an exported graph
 (:mod:`.analytic`): each becomes the node of the module computing it (the model's own
 ``nn.Linear``, ``nn.Embedding`` or ``nn.LayerNorm``, found from their parameters; an activation's
-module; a residual sum; positions added; a token selected or the tokens' mean), or a value the next
-operations read (a projection not yet converted, the rows of a parameter, an alias).
+module; a residual sum; a product of branches; positions added; a token selected or the tokens'
+mean), or a value the next operations read (a projection not yet converted, the rows of a parameter, an alias).
 
 Each handler is ``fn(walk, node, args, kwargs) -> value`` (:data:`HANDLERS`, by the ATen
 operation's name), ``args`` holding the values of :mod:`.values`.
@@ -19,7 +19,8 @@ from ..combinators import Add, Concat
 from ..indexing import Index, Reduce
 from ..positions import AddPositions, AddRow, LearnedToken
 from ..structure import SwapLast
-from ..trace.independence import correlated
+from ..products import Multiply
+from ..trace.independence import correlated, dependent
 from .translator import _where
 from .values import Const, Param, Proj, Rows, Seq, dims
 
@@ -123,6 +124,17 @@ def _activation(walk, node, args, kwargs):
     return walk.add("", module, (args[0].index,), node)
 
 
+def _mul(walk, node, args, kwargs):
+    a, b = args[:2]
+    if isinstance(a, Seq) and isinstance(b, Seq):
+        inputs = (a.index, b.index)
+        return walk.add("", Multiply(dependent(walk.nodes, inputs)), inputs, node)
+    raise UnsupportedLayerError(f"{_where(node)}: a product of a sequence with "
+                                f"{type(b if isinstance(a, Seq) else a).__name__.lower()} values "
+                                f"has no kernel rule here (products of branches, such as "
+                                f"F.silu(gate(x)) * up(x), and of numbers have).")
+
+
 def _select(walk, node, args, kwargs):
     x, dim, i = args[:3]
     if not isinstance(x, Seq) or dim != 1:
@@ -182,7 +194,7 @@ def _cat(walk, node, args, kwargs):
 
 
 HANDLERS = {"linear": _linear, "addmm": _linear, "embedding": _embedding, "add": _add,
-            "layer_norm": _layer_norm, "gelu": _activation, "select": _select, "slice": _slice,
+            "layer_norm": _layer_norm, "gelu": _activation, "mul": _mul, "select": _select, "slice": _slice,
             "mean": _mean, **{n: _alias for n in ALIASES}, **{n: _view for n in _VIEWS},
             "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "flatten": _flatten,
             "transpose": _transpose, "expand": _expand, "cat": _cat,

@@ -22,6 +22,7 @@ from ... import stax
 from ...errors import UnsupportedLayerError
 from ...stax.attention import Stds
 from ...stax.layers import _sample
+from ...stax.rotary import rotate
 from ..registry import Context, register
 
 _EXACT = jax.lax.Precision.HIGHEST
@@ -119,14 +120,15 @@ class ExportedAttention(nn.Module):
     ``logit_scale * q k^T / sqrt(head_dim)``, the keys each query may see (``allowed``: a
     ``(T, T)`` boolean tensor, None for all; ``padding``: keys whose token id is this one masked,
     the layer then taking ``(x, ids)``), softmax, ``@ v``, the heads merged and projected by
-    ``out``."""
+    ``out``; ``frequencies``: queries and keys rotated by rotary position embeddings of these
+    frequencies (None: not rotated)."""
 
     def __init__(self, parameters: dict[str, nn.Parameter], q: Projection, k: Projection,
                  v: Projection, out: Projection, heads: int, kv_heads: int, head_dim: int,
                  allowed: torch.Tensor | None, padding: int | None = None,
-                 logit_scale: float = 1.0):
+                 logit_scale: float = 1.0, frequencies: tuple[float, ...] | None = None):
         super().__init__()
-        self.padding, self.logit_scale = padding, logit_scale
+        self.padding, self.logit_scale, self.frequencies = padding, logit_scale, frequencies
         hold(self, parameters)
         self.projections = (q, k, v, out)
         self.heads, self.kv_heads, self.head_dim, self.allowed = heads, kv_heads, head_dim, allowed
@@ -137,8 +139,9 @@ class ExportedAttention(nn.Module):
         mask = "" if self.allowed is None else ", masked"
         groups = f", kv_heads={self.kv_heads}" if self.kv_heads != self.heads else ""
         scale = "" if self.logit_scale == 1.0 else f", logit_scale={self.logit_scale:.6g}"
+        rotary = "" if self.frequencies is None else ", rotary"
         return (f"ExportedAttention({owners}: heads={self.heads}{groups}, "
-                f"head_dim={self.head_dim}{scale}{mask})")
+                f"head_dim={self.head_dim}{scale}{rotary}{mask})")
 
 
 def _forward(module: ExportedAttention, mask: jax.Array | None):
@@ -150,6 +153,8 @@ def _forward(module: ExportedAttention, mask: jax.Array | None):
         x, ids = x if module.padding is not None else (x, None)
         split = lambda p, n: p.apply(params, x).reshape(*x.shape[:-1], n, d)
         qs, ks, vs = split(q, h), split(k, g), split(v, g)
+        if module.frequencies is not None:
+            qs, ks = (rotate(a, jnp.asarray(module.frequencies)) for a in (qs, ks))
         ks, vs = (jnp.repeat(a, h // g, axis=-2) for a in (ks, vs))
         logits = jnp.einsum("nthd,nshd->nhts", qs, ks, precision=_EXACT) * (
             module.logit_scale / d ** 0.5)
@@ -187,19 +192,17 @@ def _init(module: ExportedAttention, stds: list):
 def _exported_attention(module: ExportedAttention, ctx: Context) -> stax.Layer:
     e = module.heads * module.head_dim
     stds = _stds(module, module.projections, ctx)
-    biases = [b for _, b, _ in stds]
-    if len({b is None for b in biases}) > 1:
-        raise UnsupportedLayerError("some of the attention's projections have biases and others "
-                                    "not; the attention rule takes all or none.")
+    biases = [b for _, b, _ in stds]  # each projection's, None where it has no bias (Qwen2's out)
     W = tuple(w for w, _, _ in stds)
-    ctx.hyper = {"W_std": W, "b_std": None if biases[0] is None else tuple(biases)}
+    ctx.hyper = {"W_std": W, "b_std": None if biases == [None] * 4 else tuple(biases)}
     mask = None if module.allowed is None else jnp.asarray(
         torch.where(module.allowed, 0.0, -torch.inf).double().numpy())
     base = stax.SelfAttention(e, module.heads, Stds(*W, *biases),
                               parameterization=ctx.parameterization, mask=mask,
                               linear_scaling=ctx.options.attention == "linear",
                               rule=stax.Rule(points=ctx.options.attention_points),
-                              padding_id=module.padding, logit_scale=module.logit_scale)
+                              padding_id=module.padding, logit_scale=module.logit_scale,
+                              frequencies=module.frequencies)
     if ctx.options.attention == "linear":
         raise UnsupportedLayerError("attention='linear' (Neural Tangents' tied variant) is not "
                                     "this model's attention; use the default 'softmax'.")

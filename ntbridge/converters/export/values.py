@@ -76,14 +76,25 @@ class Proj:
         return w.shape[1] if self.transposed else w.shape[0]
 
 
+@dataclasses.dataclass(frozen=True)
+class Heads:
+    """A share of a projection laid out by ``axes`` (the names of :mod:`.heads`' module doc);
+    ``group``: how many times each head is repeated (grouped-query attention); ``frequencies``:
+    those of the rotary position embeddings that rotated them (:mod:`.rotary`; None: none)."""
+
+    proj: Proj
+    axes: tuple[str, ...]
+    shape: tuple
+    group: int = 1
+    frequencies: tuple[float, ...] | None = None
+
+
 def dims(node) -> tuple:
     """``node``'s shape from its metadata: ints, and the strings of sizes computed from the batch
     size (``'s0'``, ``'8*s0'``)."""
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
     shape = getattr(val, "shape", None)
     return () if shape is None else tuple(int(d) if isinstance(d, int) else str(d) for d in shape)
-
-
 
 
 def both(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:

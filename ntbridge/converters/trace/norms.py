@@ -22,6 +22,7 @@ import operator
 import torch
 from torch import fx, nn
 
+from ..normalization import rms_norm_of
 from .equivalents import is_shape
 from .nodes import Trace, pattern
 from .tracer import describe
@@ -171,12 +172,10 @@ def enclosing_rms_norm(node: fx.Node, params: dict[str, nn.Parameter]) -> RMSNor
 def rms_norm_module(match: RMSNormMatch, params: dict[str, nn.Parameter]) -> tuple[nn.RMSNorm, str]:
     """The ``nn.RMSNorm`` computing ``match`` (holding the model's weight itself) and its node's
     name: the weight's owner (its key is then the weight's own qualified name)."""
-    if match.weight is None:  # over the last axis, whatever its size (-1: see stax.RMSNorm)
-        return nn.RMSNorm(-1, match.eps, elementwise_affine=False), match.last.name
-    weight = params[match.weight]
-    module = nn.RMSNorm(tuple(weight.shape), match.eps, dtype=weight.dtype)
-    module.weight = weight
+    if match.weight is None:
+        return rms_norm_of(None, match.eps), match.last.name
     owner, _, local = match.weight.rpartition(".")
+    module = rms_norm_of(params[match.weight], match.eps)
     return module, owner if owner and local == "weight" else match.last.name
 
 
