@@ -159,3 +159,15 @@ class Padded(nn.Module):
         logits = logits.masked_fill((ids == self.pad)[:, None, None, :], float("-inf"))
         y = torch.softmax(logits, dim=-1) @ v
         return self.out(y.transpose(1, 2).reshape(n, t, d))
+
+
+class PaddedSDPA(Padded):
+    """The keys that may be attended, ``(ids != pad)[:, None, None, :]``, as SDPA's boolean
+    ``attn_mask``."""
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        n, t, d = x.shape
+        q, k, v = (a.view(n, t, self.heads, -1).transpose(1, 2) for a in self.qkv(x).split(d, -1))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=(ids != self.pad)[:, None, None, :])
+        return self.out(y.transpose(1, 2).reshape(n, t, d))

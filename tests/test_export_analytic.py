@@ -18,8 +18,8 @@ import ntbridge
 from ntbridge import errors
 from ntbridge.dlpack import precision, to_jax
 
-from attention_spellings import (Chunked, Cross, Grouped, Padded, Rescaled, Rotated,
-                                 Separate, Unnormalised)
+from attention_spellings import (Chunked, Cross, Grouped, Padded, PaddedSDPA, Rescaled,
+                                 Rotated, Separate, Unnormalised)
 from montecarlo import fresh_kernels, standard_error, z_scores
 from nanogpt import CausalSelfAttention
 
@@ -110,7 +110,8 @@ def test_a_residual_block_around_the_attention():
     np.testing.assert_allclose(y, model(x).detach().numpy(), rtol=1e-12, atol=1e-12)
 
 
-def test_a_padding_mask_of_the_token_ids():
+@pytest.mark.parametrize("spelling", [Padded, PaddedSDPA], ids=["masked_fill", "SDPA"])
+def test_a_padding_mask_of_the_token_ids(spelling):
     class Reference(nn.Module):  # nn.MultiheadAttention with key_padding_mask=(ids == 0)
         def __init__(self):
             super().__init__()
@@ -122,7 +123,7 @@ def test_a_padding_mask_of_the_token_ids():
             return self.attn(x, x, x, key_padding_mask=ids == 0, need_weights=False)[0]
 
     torch.manual_seed(2)
-    model, ids = Padded(D, HEADS).double().eval(), torch.tensor([[3, 4, 0, 0], [5, 1, 2, 0]])
+    model, ids = spelling(D, HEADS).double().eval(), torch.tensor([[3, 4, 0, 0], [5, 1, 2, 0]])
     graph = ntbridge.convert(model, example=ids)
     assert graph.layers[1].inputs == (0, -1)  # the attention reads the ids too
     with precision(torch.float64):

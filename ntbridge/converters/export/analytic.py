@@ -187,16 +187,21 @@ def _call(walk: _Walk, node: fx.Node):
 
 
 def _padding(name: str, node: fx.Node, args) -> Padding | None:
-    """``ids == pad`` of the model's token ids, and its views keeping the keys last."""
-    if name == "eq" and len(args) == 2 and args[0] == Seq(INPUT) and isinstance(args[1], int):
-        return Padding(args[1])
+    """``ids == pad`` (or ``ids != pad``) of the model's token ids, its negation and its views
+    keeping the keys last."""
+    if name in ("eq", "ne") and len(args) == 2 and args[0] == Seq(INPUT) and \
+            isinstance(args[1], int):
+        return Padding(args[1], attend=name == "ne")
     if args and isinstance(args[0], Padding):
         shape = dims(node)
+        if name in ("bitwise_not", "logical_not"):
+            return Padding(args[0].id, not args[0].attend)
         if name in _PADDING_VIEWS and all(d == 1 for d in shape[1:-1]):
             return args[0]
         raise UnsupportedLayerError(f"{_where(node)}: a key padding mask (ids == pad) is "
                                     f"used other than as keys[:, None, None, :] masking the "
-                                    f"logits.")
+                                    f"logits, or ids != pad as scaled_dot_product_attention's "
+                                    f"attn_mask.")
     return None
 
 

@@ -29,7 +29,8 @@ RECOGNISED = (
     "x (N, T, d) by separate Linear layers or one fused projection split with .split(d, -1) or "
     ".chunk(3, -1); heads by view/reshape/unflatten to (N, T, H, d_head) and transpose(1, 2) or "
     "permute(0, 2, 1, 3) (keys and values repeated for grouped-query heads, repeat_kv); then "
-    "F.scaled_dot_product_attention(q, k, v, attn_mask=a constant (T, T) mask, is_causal=..., "
+    "F.scaled_dot_product_attention(q, k, v, attn_mask=a constant (T, T) mask or the keys that "
+    "may be attended, (ids != pad)[:, None, None, :], is_causal=..., "
     "enable_gqa=..., scale=...) or softmax((q @ k.transpose(-2, -1)) * a constant scale with "
     "masked_fill(a constant mask, -inf) or + a constant mask, dim=-1) @ v "
     "(and a key padding mask of the model's token ids, masked_fill((ids == pad)[:, None, None, :], "
@@ -159,8 +160,10 @@ def _logits_op(name: str, value: Logits, args, kwargs) -> Logits | None:
     if name in ("mul", "div") and number and not value.weights:
         return dataclasses.replace(value, scale=value.scale * (other if name == "mul" else 1 / other))
     if name == "masked_fill" and isinstance(other, Padding) and not value.weights:
-        if not (isinstance(args[2], (int, float)) and args[2] <= _FILL):
-            raise _refuse(f"masked_fill of the logits with {args[2]!r} (not -inf)")
+        if not (isinstance(args[2], (int, float)) and args[2] <= _FILL) or other.attend:
+            raise _refuse(f"masked_fill of the logits with {args[2]!r} where "
+                          f"ids {'!=' if other.attend else '=='} {other.id} (not -inf where "
+                          f"ids == pad)")
         return dataclasses.replace(value, padding=other.id)
     if name == "masked_fill" and isinstance(other, Const) and not value.weights:
         if not (isinstance(args[2], (int, float)) and args[2] <= _FILL):
@@ -192,14 +195,16 @@ def _sdpa(args, kwargs) -> Mixed:
     if not all(isinstance(a, Heads) for a in (q, k, v)):
         raise _refuse("scaled_dot_product_attention of tensors that are not heads of projections")
     mask, t = given.get("attn_mask"), q.shape[q.axes.index("T")]
-    if mask is not None and not isinstance(mask, Const):
-        raise _refuse("scaled_dot_product_attention with a mask computed from the inputs")
-    allowed = None if mask is None else _mask(mask.value, t)
+    padding = mask.id if isinstance(mask, Padding) and mask.attend else None  # ids != pad
+    if mask is not None and padding is None and not isinstance(mask, Const):
+        raise _refuse("scaled_dot_product_attention with a mask computed from the inputs other "
+                      "than (ids != pad)[:, None, None, :]")
+    allowed = None if mask is None or padding is not None else _mask(mask.value, t)
     if given.get("is_causal"):
         allowed = both(allowed, torch.ones(t, t, dtype=torch.bool).tril())
     if given.get("dropout_p", 0.0):
         raise _refuse("attention dropout in training mode (call model.eval())")
-    return Mixed(q, k, v, given.get("scale"), allowed, q.axes)
+    return Mixed(q, k, v, given.get("scale"), allowed, q.axes, padding)
 
 
 def head_op(name: str, node, args: tuple, kwargs: dict):

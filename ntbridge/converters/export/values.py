@@ -47,9 +47,11 @@ class Rows:
 
 @dataclasses.dataclass(frozen=True)
 class Padding:
-    """``ids == id`` of the model's token ids, viewed with the keys last: a key padding mask."""
+    """``ids == id`` of the model's token ids, viewed with the keys last: a key padding mask
+    (``attend``: its negation, ``ids != id``, the keys that may be attended)."""
 
     id: int
+    attend: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
