@@ -20,6 +20,7 @@ input exits with status 2 and a message on stderr.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ..errors import NtbridgeError
@@ -28,6 +29,17 @@ from .files import BadInput
 from .parser import parser
 
 __all__ = ["main"]
+
+
+def command() -> None:
+    """The ``ntbridge`` command: :func:`main` on the command line, its output flushed, then the
+    process ends without the interpreter's teardown, in which XLA's and torch's runtimes freed
+    in turn can abort a finished command ("terminate called without an active exception", seen
+    on a busy machine)."""
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def main(argv: list[str] | None = None) -> int:

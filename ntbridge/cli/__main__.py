@@ -1,7 +1,5 @@
 """``python -m ntbridge.cli``: the ``ntbridge`` command."""
 
-import sys
+from . import command
 
-from . import main
-
-sys.exit(main())
+command()
