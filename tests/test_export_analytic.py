@@ -89,6 +89,25 @@ def test_rotary_embeddings_are_the_rotary_rule():
         torch.testing.assert_close(getattr(k, get), getattr(reference, get), rtol=1e-12, atol=0)
 
 
+def test_stax_self_attention_rotates_as_the_model():
+    # stax.SelfAttention(frequencies=...) applies the rotation the rotary rule assumes
+    import jax.numpy as jnp
+    from ntbridge import stax
+
+    torch.manual_seed(0)
+    model, x = Rotated(D, HEADS).double().eval(), _inputs()
+    half = D // HEADS // 2
+    frequencies = tuple(10000.0 ** (-j / half) for j in range(half))
+    causal = jnp.where(jnp.tril(jnp.ones((T, T), bool)), 0.0, -jnp.inf)
+    layer = stax.SelfAttention(D, HEADS, stax.Stds(*(1.0,) * 4, None, None, None, None),
+                               mask=causal, frequencies=frequencies)
+    weights = torch.cat([model.q.weight, model.k.weight, model.v.weight]).detach()
+    params = {"in_proj_weight": to_jax(weights), "out_proj.weight": to_jax(model.o.weight.detach())}
+    with precision(torch.float64):
+        y = np.asarray(layer.apply_fn(params, to_jax(x)))
+    np.testing.assert_allclose(y, model(x).detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
 def test_a_residual_block_around_the_attention():
     class Block(nn.Module):
         def __init__(self):

@@ -70,8 +70,7 @@ def frequencies(cos: torch.Tensor, sin: torch.Tensor) -> tuple[float, ...] | Non
     not such. Tolerance: the angles ``t w`` rounded in float32 (Hugging Face computes them so)."""
     t, d = cos.shape
     half = d // 2
-    w = torch.atan2(sin[min(1, t - 1), :half], cos[min(1, t - 1), :half]) if t > 1 else \
-        torch.zeros(half, dtype=torch.float64)
+    w = torch.atan2(sin[1, :half], cos[1, :half]) if t > 1 else torch.zeros(half).double()
     angles = torch.arange(t, dtype=torch.float64)[:, None] * w
     angles = torch.cat([angles, angles], -1)
     atol = 1e-6 + t * 2.0 ** -23
@@ -88,8 +87,6 @@ def _sum(a: Turn, b: Turn):
     if not (a.part == "whole" and b.part == "rotated" and a.heads == b.heads
             and a.table is not None and b.table is not None):
         raise _refuse("a sum of parts of attention heads")
-    if a.heads.frequencies is not None:
-        raise _refuse("heads rotated twice")
     found = frequencies(a.table, b.table)
     if found is None:
         raise _refuse("heads times constants that are not cos(t w) and sin(t w) of the positions")
