@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import ShapeError, UnsupportedLayerError
 from .kernel import Kernel, sequence_kernel
 from .layers import Layer, _sample, dense_rule
-from .rotary import correlation, rotary_moments, rotate
+from .rotary import check_frequencies, correlation, rotary_moments, rotate
 from .softmax_moments import Blocks, Rule, masked_softmax, normal_points, pair_moments, psd_factor
 
 
@@ -242,9 +242,8 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
                                     "(logit_scale 1, no rotary embeddings).")
     s, has_bias = stds, stds.b_q is not None
     head_dim = embed_dim // num_heads
-    if frequencies is not None and (len(frequencies) != head_dim // 2 or head_dim % 2):
-        raise ShapeError(f"rotary embeddings of heads of {head_dim} channels need "
-                         f"{head_dim // 2} frequencies (an even head size), got {len(frequencies)}")
+    if frequencies is not None:
+        check_frequencies(head_dim, frequencies)
 
     def init_fn(key, input_shape):
         input_shape = input_shape if padding_id is None else input_shape[0]

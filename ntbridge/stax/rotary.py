@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..errors import ShapeError
 from .softmax_moments import HIGHEST, masked_softmax, pair_moments, psd_factor, summed
 
 
@@ -43,6 +44,14 @@ def correlation(frequencies: np.ndarray, tokens: int) -> np.ndarray:
     relative = t[None, :] - t[:, None]  # [t, s] -> s - t
     delta = relative[:, :, None, None] - relative[None, None]
     return np.cos(delta[..., None] * np.asarray(frequencies, np.float64)).mean(-1)
+
+
+def check_frequencies(head_dim: int, frequencies: tuple[float, ...]) -> None:
+    """Raise ShapeError unless ``frequencies`` fit heads of ``head_dim`` channels (one per pair of
+    channels ``(i, i + head_dim/2)``)."""
+    if len(frequencies) != head_dim // 2 or head_dim % 2:
+        raise ShapeError(f"rotary embeddings of heads of {head_dim} channels need "
+                         f"{head_dim // 2} frequencies (an even head size), got {len(frequencies)}")
 
 
 def rotate(x: jax.Array, frequencies: jax.Array) -> jax.Array:

@@ -23,7 +23,7 @@ from ..errors import ShapeError
 from .attention import Stds, attention_rule
 from .kernel import sequence_kernel
 from .layers import Layer, _sample
-from .rotary import rotate
+from .rotary import check_frequencies, rotate
 from .softmax_moments import HIGHEST, Rule
 
 _NAMES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -50,9 +50,7 @@ def RotaryAttention(embed_dim: int, num_heads: int, stds: Stds, *, frequencies: 
         raise ShapeError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}, and "
                          f"num_heads by the key/value heads {kv_heads}")
     head_dim = embed_dim // num_heads
-    if len(frequencies) != head_dim // 2 or head_dim % 2:
-        raise ShapeError(f"rotary embeddings of heads of {head_dim} channels need {head_dim // 2} "
-                         f"frequencies (an even head size), got {len(frequencies)}")
+    check_frequencies(head_dim, frequencies)
     rows = (embed_dim, kv_heads * head_dim, kv_heads * head_dim, embed_dim)
 
     def init_fn(key, input_shape):

@@ -28,8 +28,8 @@ from ... import programs
 from ...errors import ConversionError, UnsupportedLayerError
 from ...stax import INPUT
 from ..graph import Node, make_node
-from ..registry import Options
 from ..normalization import rms_norm_of
+from ..registry import Options
 from .heads import HEAD_VALUES, Mixed, attention, head_op
 from .norms import Normed, norm_op
 from .operations import HANDLERS

@@ -6,8 +6,8 @@ The walk meets ``x ** 2`` as an elementwise function of ``x`` (:class:`~.pointwi
 its mean over the last axis is a :class:`MeanSquare`, ``eps`` added and ``rsqrt`` taken an
 :class:`InvRms`, and ``x`` times that a :class:`Normed` value: it becomes the node of an
 ``nn.RMSNorm`` holding the model's weight where a weight of the features multiplies it next,
-else one without a weight (the walk converts it where it is read). Casts (``.to(float32)`` and back) keep
-each value.
+else one without a weight (the walk converts it where it is read). Casts (``.to(float32)`` and
+back) keep each value.
 
 Example:
     >>> [n.name for n in export_nodes(llama, ids, Options())][:2]     # analytic.export_nodes

@@ -194,8 +194,9 @@ def _cat(walk, node, args, kwargs):
 
 
 HANDLERS = {"linear": _linear, "addmm": _linear, "embedding": _embedding, "add": _add,
-            "layer_norm": _layer_norm, "gelu": _activation, "mul": _mul, "select": _select, "slice": _slice,
-            "mean": _mean, **{n: _alias for n in ALIASES}, **{n: _view for n in _VIEWS},
+            "layer_norm": _layer_norm, "gelu": _activation, "mul": _mul, "select": _select,
+            "slice": _slice, "mean": _mean, **{n: _alias for n in ALIASES},
+            **{n: _view for n in _VIEWS},
             "conv1d": _conv, "conv2d": _conv, "conv3d": _conv, "flatten": _flatten,
             "transpose": _transpose, "expand": _expand, "cat": _cat,
             **{n: _activation for n in _ACTIVATIONS}}
