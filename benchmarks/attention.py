@@ -16,7 +16,7 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
   StableHLO artifact, as ``first_call.py`` makes it) compiled by its jaxlib 0.4.23 and by the XLA
   ntbridge runs on, beside ntbridge's compilations in its first call;
 * ``sandwich``: ``a1[n] c[n, m] a2[m]^T`` (what the linear-scaling layer computes) as
-  ``stax.attention.sandwich``'s batched matrix products against ``2 T`` broadcast products fused
+  ``stax.attention_rule.sandwich``'s batched matrix products against ``2 T`` broadcast products fused
   by XLA, each form in the program of the pair network's analytic kernel (N = 128, in
   the blocks CPUs compute kernels in), called alternately, per ``T``, float64 and float32;
 * ``width sweep``: ``ntbridge.analysis.width_sweep`` of a 2-layer encoder (Embedding + positions,
@@ -280,7 +280,7 @@ def _timed(fn) -> float:
 
 def _broadcast_sandwich(a1, c, a2):
     """``a1[n] c[n, m] a2[m]^T`` as ``2 T`` broadcast products (what XLA fuses into two elementwise
-    passes over ``c``): the form ``stax.attention.sandwich`` is measured against."""
+    passes over ``c``): the form ``stax.attention_rule.sandwich`` is measured against."""
     t, a2t = c.shape[-1], a2.swapaxes(-1, -2)[None]
     left = sum(a1[:, None, :, s, None] * c[..., s, None, :] for s in range(t))
     return sum(left[..., :, r, None] * a2t[..., None, r, :] for r in range(t))
@@ -294,7 +294,7 @@ def sandwich_rows() -> None:
     from ntbridge import analytic
     from ntbridge.dlpack import precision
     from ntbridge.specs import Analytic
-    from ntbridge.stax import attention
+    from ntbridge.stax import attention_rule as attention
     from run import interleaved_times
 
     for dtype in ("float64", "float32"):

@@ -187,7 +187,7 @@ def precision_of(request: Request, x1: torch.Tensor):
 def prepare(request: Request) -> Prepared:
     """The request's inputs validated and its model converted (steps 1 of the module doc)."""
     x1, x2, pairs, selection = packed_inputs(request.x1, request.x2,
-                                             lambda: model_graph(request, None, True).nodes_first)
+                                             lambda: model_graph(request, None, True))
     request = dataclasses.replace(request, x1=x1, x2=x2)
     x1, x2 = validate(request.x1, request.x2, indices=True)
     with precision_of(request, x1):

@@ -107,7 +107,8 @@ def check_architecture(build, parameterization, samples=100, ntk_outputs=2):
 def fresh_kernels(build: Callable[[], nn.Module], x: torch.Tensor, samples: int,
                   seed: int = 0, ntk_outputs: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """The empirical NNGP and NTK of ``samples`` models ``build()`` (each built under
-    ``torch.manual_seed(seed + s)``, then made float64), each ``(samples, N, N)``.
+    ``torch.manual_seed(seed + s)``, then made float64), each ``(samples, N, N)``; ``x`` a tensor,
+    or a tuple of them for a ``forward`` taking several.
 
     The model's output is ``(N, O)`` or a sequence ``(N, T, O)``, features last; a sequence's
     kernels keep every pair of tokens, ``(samples, N, N, T, T)``, as the analytic kernel does. NNGP:
@@ -119,7 +120,7 @@ def fresh_kernels(build: Callable[[], nn.Module], x: torch.Tensor, samples: int,
         torch.manual_seed(seed + s)
         model = build().double()
         params = list(model.parameters())
-        out = model(x)
+        out = model(*x) if isinstance(x, tuple) else model(x)  # a pair: forward(x, memory)
         n, units = out.shape[0], out.shape[-1]
         f = out.reshape(n, -1, units)  # (N, T, O), T = 1 without tokens
         nngps.append(torch.einsum("nto,mso->nmts", f, f).detach() / units)

@@ -21,7 +21,8 @@ from torch import nn
 import ntbridge
 from ntbridge import errors, stax
 from ntbridge.stax import softmax_moments
-from ntbridge.stax.attention import SelfAttention, Stds, sandwich
+from ntbridge.stax.attention import SelfAttention, Stds
+from ntbridge.stax.attention_rule import sandwich
 from ntbridge.stax.covariances import evaluate, evaluate_error
 
 

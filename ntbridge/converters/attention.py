@@ -1,7 +1,7 @@
-"""The converter of ``nn.MultiheadAttention`` (self-attention) on sequences ``(N, T, d)`` (encoder
-layers and stacks: :mod:`.encoder`; token embeddings: :mod:`.embedding`): its projections'
-standard deviations, the masks of a traced call (:class:`PaddingIds`) and the check of the layout
-it reads."""
+"""The converter of ``nn.MultiheadAttention`` (self-attention; cross-attention where a decoder
+calls it, :mod:`.decoder`) on sequences ``(N, T, d)`` (encoder layers and stacks: :mod:`.encoder`;
+token embeddings: :mod:`.embedding`): its projections' standard deviations, the masks of a traced
+call (:class:`PaddingIds`) and the check of the layout it reads."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torch import fx, nn
 from .. import stax
 from ..compat import same_embed_dim
 from ..errors import UnsupportedLayerError
-from ..stax.attention import SelfAttention, Stds
+from ..stax.attention import CrossAttention, SelfAttention, Stds
 from .registry import Context, register, rms
 
 # torch's initialisation of MultiheadAttention: xavier_uniform_ of in_proj_weight (3E, E), variance
@@ -37,6 +37,8 @@ def _attention_stds(module: nn.MultiheadAttention, ctx: Context) -> Stds:
     has_bias = module.in_proj_bias is not None
     if o.init == "torch":
         W, b = list(TORCH_ATTENTION_STDS), [0.0] * 4
+        if ctx.in_transformer:  # out_proj re-drawn by xavier_uniform_ too: W_std**2 = 2E / 2E
+            W[3] = 1.0
     else:
         weights = [*module.in_proj_weight.chunk(3), module.out_proj.weight]
         W = [rms(w) * e ** 0.5 for w in weights]
@@ -49,13 +51,16 @@ def _attention_stds(module: nn.MultiheadAttention, ctx: Context) -> Stds:
     return Stds(*W, *(b if has_bias else [None] * 4))
 
 
-def additive_mask(mask, where: str) -> jnp.ndarray | None:
-    """torch's ``attn_mask`` ``(T, T)`` as an additive float mask (boolean True: not allowed)."""
+def additive_mask(mask, where: str, cross: bool = False) -> jnp.ndarray | None:
+    """torch's ``attn_mask`` ``(T, T)`` (``(T, S)`` for ``cross``-attention) as an additive float
+    mask (boolean True: not allowed)."""
     if mask is None:
         return None
-    if not isinstance(mask, torch.Tensor) or mask.ndim != 2 or mask.shape[0] != mask.shape[1]:
+    form = "(T, S)" if cross else "(T, T)"
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 2 or not (
+            cross or mask.shape[0] == mask.shape[1]):
         raise UnsupportedLayerError(
-            f"{where}: attn_mask must be one (T, T) tensor shared by the batch (a causal or other "
+            f"{where}: attn_mask must be one {form} tensor shared by the batch (a causal or other "
             f"fixed mask), got {getattr(mask, 'shape', mask)!r}; per-example or per-head masks "
             f"(3-d) have no kernel rule here.")
     m = mask.detach().cpu()
@@ -90,7 +95,8 @@ def _call_mask(ctx: Context, where: str):
     if call.get("is_causal") and mask is None:
         raise UnsupportedLayerError(f"{where}: is_causal=True needs the causal mask itself as "
                                     f"well (torch treats it as a hint); pass mask=...")
-    return additive_mask(mask, where), None if padding is None else padding.id
+    return additive_mask(mask, where, bool(call.get("cross"))), \
+        None if padding is None else padding.id
 
 
 @register(nn.MultiheadAttention)
@@ -111,7 +117,14 @@ def _attention(module: nn.MultiheadAttention, ctx: Context) -> stax.Layer:
                                     f"(dropout={module.dropout}); call model.eval().")
     check_layout(module.batch_first, ctx, where)
     mask, padding_id = _call_mask(ctx, where)
+    rule = stax.Rule(points=ctx.options.attention_points)
+    if (ctx.call or {}).get("cross"):
+        if ctx.options.attention == "linear":
+            raise UnsupportedLayerError(f"{where}: attention='linear' ties keys to queries, which "
+                                        f"cross-attention cannot (they read other sequences).")
+        return CrossAttention(module.embed_dim, module.num_heads, _attention_stds(module, ctx),
+                              parameterization=ctx.parameterization, mask=mask, rule=rule)
     return SelfAttention(module.embed_dim, module.num_heads, _attention_stds(module, ctx),
                          parameterization=ctx.parameterization, mask=mask,
                          linear_scaling=ctx.options.attention == "linear", padding_id=padding_id,
-                         rule=stax.Rule(points=ctx.options.attention_points))
+                         rule=rule)

@@ -15,11 +15,13 @@ from torch import nn
 
 from ..dlpack import check_module, model_dtype
 from ..errors import ConversionError, InputError, UnsupportedLayerError
+from ..stax.combinators import INPUT
 from ..stax.description import describe
 from ..stax.sources import SAMPLING
-from . import (activations, aggregation, attention, conv, embedding, encoder,  # noqa: F401
-               indexing, linear, normalization, pooling, positions, products,  # (converters)
+from . import (activations, aggregation, attention, conv, decoder, embedding,  # noqa: F401
+               encoder, indexing, linear, normalization, pooling, positions, products,  # (converters)
                resize, structure)
+from .sequence_pair import PairPart, pair_features
 from .export.analytic import export_nodes
 from .graph import Graph, Node, make_node
 from .huggingface import init_std, is_pretrained
@@ -72,13 +74,14 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
       init: ``"torch"`` (the variance of torch's default init of each module; the analytic kernel
         warns with ``InitMismatchWarning`` if the weights clearly do not follow it; a Hugging Face
         model's modules as the library initialises them, ``N(0, initializer_range**2)`` weights
-        and zero biases, or read from the values where the model has its own ``_init_weights``)
+        and zero biases, or read from the values where the model has its own ``_init_weights``;
+        an ``nn.Transformer``'s weight matrices as its ``xavier_uniform_``)
         or ``"infer"`` (read from the current weights).
       W_std, b_std: explicit standard deviations, a float for every layer or a mapping from
         qualified module names (as in ``model.named_modules()``) to floats; scalar torch tensors
         work as floats, and the analytic kernels are differentiable in those that require grad.
       attention: ``"softmax"`` (torch's attention, logits ``q k / sqrt(d)``: the kernel's
-        expectation is computed numerically, ``ntbridge.stax.attention``) or ``"linear"`` (Neural
+        expectation is computed numerically, ``ntbridge.stax.attention_rule``) or ``"linear"`` (Neural
         Tangents' closed-form variant: keys tied to queries, logits ``q q / d``).
       attention_points: the points of each of the 8 replicates of softmax attention's numerical
         expectation (a power of 2): its error falls about as ``points**-1/2`` and its time grows
@@ -106,11 +109,16 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     library_std = init_std(model) if init == "torch" else None
     if init == "torch" and library_std is None and is_pretrained(model):
         init = "infer"  # a Hugging Face model initialised its own way: read the values
+    xavier = tuple(name for name, m in model.named_modules() if isinstance(m, nn.Transformer))
     options = Options(parameterization, init, W_std, b_std, attention, attention_points,
-                      shared_weights, expectation_points, library_std)
+                      shared_weights, expectation_points, library_std, xavier)
     leaves = list(_leaves(model))
     if any(_is_user_container(module) for _, module in leaves):
         nodes = _traced(model, options, example)
+    elif (features := pair_features(model)) is not None:  # forward(x, memory)
+        parts = [make_node(i, f"~{name}", PairPart(i, features), (INPUT,), options)
+                 for i, name in enumerate(("x", "memory"))]
+        nodes = [*parts, make_node(2, "", model, (0, 1), options)]
     else:
         nodes = [make_node(i, name, module, (i - 1,), options)
                  for i, (name, module) in enumerate(leaves)]

@@ -26,7 +26,7 @@ from .registry import Context, as_float, find_converter, register
 from .reuse import copies
 
 
-def _sub(module: nn.Module, name: str, ctx: Context, call: dict | None = None) -> stax.Layer:
+def sub_layer(module: nn.Module, name: str, ctx: Context, call: dict | None = None) -> stax.Layer:
     """The stax layer of submodule ``module`` (qualified ``ctx.name + '.' + name``)."""
     sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options, call=call)
     converter = find_converter(module)
@@ -59,19 +59,20 @@ def _activation(module: nn.TransformerEncoderLayer, ctx: Context) -> stax.Layer:
     if not isinstance(act, nn.Module):
         raise UnsupportedLayerError(f"{ctx.name}: activation {act!r} is not supported; use "
                                     f"'relu', 'gelu' or an activation module.")
-    return _sub(act, "activation", ctx)
+    return sub_layer(act, "activation", ctx)
 
 
-class _Parts:
-    """The parts of a :func:`nested` network, added in execution order; a network whose call has a
-    key padding mask takes ``(x, ids)`` and hands the ids to its attention."""
+class Parts:
+    """The parts of a :func:`nested` network, added in execution order. A network whose input is
+    a tuple (an encoder's ``(x, ids)`` when its call has a key padding mask; a decoder's ``(x,
+    memory)``) picks its entries first: ``inputs_of``, the nodes of the entries ``names``
+    (``(INPUT,)`` without names)."""
 
-    def __init__(self, padded: bool):
+    def __init__(self, names: tuple[str, ...] = ()):
         self.parts, self.inputs = [], []
-        self.x, self.ids = stax.INPUT, None
-        if padded:
-            self.x, self.ids = (self.add(f"~{n}", stax.Pick(j), stax.INPUT)
-                                for j, n in enumerate(("x", "ids")))
+        self.names = names
+        self.inputs_of = tuple(self.add(f"~{n}", stax.Pick(j), stax.INPUT)
+                               for j, n in enumerate(names)) or (stax.INPUT,)
 
     def add(self, name: str, layer: stax.Layer, *sources: int) -> int:
         self.parts.append((name, layer))
@@ -79,34 +80,36 @@ class _Parts:
         return len(self.parts) - 1
 
     def attention(self, name: str, layer: stax.Layer, h: int) -> int:
-        return self.add(name, layer, h, *(() if self.ids is None else (self.ids,)))
+        """Add a self-attention reading ``h`` and, where the network takes them, the ids."""
+        ids = self.inputs_of[self.names.index("ids")] if "ids" in self.names else None
+        return self.add(name, layer, h, *(() if ids is None else (ids,)))
+
+    def feed_forward(self, module: nn.Module, ctx: Context, h: int) -> int:
+        """Add an encoder's or decoder's layer's ``linear2(dropout(activation(linear1(h))))``."""
+        for name in ("linear1", "activation", "dropout", "linear2"):
+            layer = _activation(module, ctx) if name == "activation" else sub_layer(
+                getattr(module, name), name, ctx)
+            h = self.add(name, layer, h)
+        return h
 
     def network(self) -> stax.Layer:
         return nested(self.parts, self.inputs)
 
 
-def encoder_parts(module: nn.TransformerEncoderLayer, ctx: Context, call: dict | None) -> _Parts:
+def encoder_parts(module: nn.TransformerEncoderLayer, ctx: Context, call: dict | None) -> Parts:
     """The parts of one encoder layer's stax network (module doc)."""
-    sa = _sub(module.self_attn, "self_attn", ctx, call)
-    ff = [(n, _sub(getattr(module, n), n, ctx)) for n in ("linear1",)]
-    ff += [("activation", _activation(module, ctx))]
-    ff += [(n, _sub(getattr(module, n), n, ctx)) for n in ("dropout", "linear2")]
-    norm1, norm2 = _sub(module.norm1, "norm1", ctx), _sub(module.norm2, "norm2", ctx)
-    net = _Parts(isinstance((call or {}).get("key_padding_mask"), PaddingIds))
-
-    def feed_forward(h):
-        for name, layer in ff:
-            h = net.add(name, layer, h)
-        return h
-
+    sa = sub_layer(module.self_attn, "self_attn", ctx, call)
+    norm1, norm2 = sub_layer(module.norm1, "norm1", ctx), sub_layer(module.norm2, "norm2", ctx)
+    padded = isinstance((call or {}).get("key_padding_mask"), PaddingIds)
+    net = Parts(("x", "ids") if padded else ())
     add = lambda i, a, b: net.add(f"~add{i}", stax.FanInSum(), a, b)
-    x = net.x
+    x = net.inputs_of[0]
     if module.norm_first:
         h = add(0, x, net.attention("self_attn", sa, net.add("norm1", norm1, x)))
-        add(1, h, feed_forward(net.add("norm2", norm2, h)))
+        add(1, h, net.feed_forward(module, ctx, net.add("norm2", norm2, h)))
     else:
         h = net.add("norm1", norm1, add(0, x, net.attention("self_attn", sa, x)))
-        net.add("norm2", norm2, add(1, h, feed_forward(h)))
+        net.add("norm2", norm2, add(1, h, net.feed_forward(module, ctx, h)))
     return net
 
 
@@ -131,8 +134,9 @@ def _encoder_layer(module: nn.TransformerEncoderLayer, ctx: Context) -> stax.Lay
 @register(nn.TransformerEncoder)
 def _encoder(module: nn.TransformerEncoder, ctx: Context) -> stax.Layer:
     call = _encoder_call(ctx)
-    net = _Parts(isinstance(call["key_padding_mask"], PaddingIds))
-    h, bodies = net.x, []
+    padded = isinstance(call["key_padding_mask"], PaddingIds)
+    net = Parts(("x", "ids") if padded else ())
+    h, bodies = net.inputs_of[0], []
     for j, layer in enumerate(module.layers):
         name = f"layers.{j}"
         sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options)
@@ -141,7 +145,7 @@ def _encoder(module: nn.TransformerEncoder, ctx: Context) -> stax.Layer:
         h = net.attention(name, bodies[-1][0].network(), h)
         ctx.hyper.update({f"{name}.{k}": v for k, v in sub.hyper.items()})
     if module.norm is not None:
-        net.add("norm", _sub(module.norm, "norm", ctx), h)
+        net.add("norm", sub_layer(module.norm, "norm", ctx), h)
     network = net.network()
     ctx.hyper["shared_weights"] = shared = shares_weights(module, ctx)
     if not shared:
@@ -152,8 +156,11 @@ def _encoder(module: nn.TransformerEncoder, ctx: Context) -> stax.Layer:
 def shares_weights(module: nn.TransformerEncoder, ctx: Context) -> bool:
     """Whether the encoder's layers hold one set of weights, as torch's deep copies of one layer
     do until trained (``shared_weights="auto"``): every parameter of every layer equal to the first
-    layer's. Layers whose random weights all differ are independent; a mix is refused."""
-    if ctx.options.shared_weights == "independent":
+    layer's. Layers whose random weights all differ are independent; a mix is refused. In an
+    ``nn.Transformer``, which re-draws every weight matrix, the layers are independent (their
+    biases stay torch's copies: the kernel leaves out their correlation across layers, terms of
+    the order of the biases' variance ``1 / (3 fan_in)``)."""
+    if ctx.options.shared_weights == "independent" or ctx.in_transformer:
         return False
     same = copies(module.layers)
     if len(same) > 1:
@@ -165,7 +172,7 @@ def shares_weights(module: nn.TransformerEncoder, ctx: Context) -> bool:
     return same == {True}
 
 
-def tied_layers(first: nn.TransformerEncoderLayer, net: _Parts, bodies: list,
+def tied_layers(first: nn.TransformerEncoderLayer, net: Parts, bodies: list,
                 network: stax.Layer) -> stax.Layer:
     """``network`` of encoder layers sharing their weights (:mod:`ntbridge.stax.tied`)."""
     (body, hyper), index = bodies[0], {name: i for i, (name, _) in enumerate(net.parts)}

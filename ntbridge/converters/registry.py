@@ -116,6 +116,7 @@ class Options:
     shared_weights: str = "auto"
     expectation_points: int = EXPECTATION_POINTS
     library_std: float | None = None  # init="torch" of a library drawing N(0, std**2) weights
+    xavier: tuple[str, ...] = ()  # nn.Transformer modules, whose matrices are xavier_uniform_
     used_names: set = dataclasses.field(default_factory=set)
 
     def __post_init__(self):
@@ -171,13 +172,20 @@ class Context:
     def parameterization(self) -> str:
         return self.options.parameterization
 
+    @property
+    def in_transformer(self) -> bool:
+        """Whether the module is part of an ``nn.Transformer``, which re-draws every weight
+        matrix of its layers from ``xavier_uniform_`` (``init="torch"`` reads them so)."""
+        return any(p == "" or self.name.startswith(p + ".") for p in self.options.xavier)
+
     def affine(self, fan_in: int, weight: torch.Tensor, bias: torch.Tensor | None) -> dict:
         """Keyword arguments ``W_std, b_std, distribution, parameterization`` of an affine layer.
 
         ``init="torch"``: torch's default init of Linear/ConvNd, ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``
         for weight and bias, i.e. ``W_std = 1/sqrt(3)``, ``b_std = 1/sqrt(3 fan_in)``; in a model
         of a library that draws ``N(0, library_std**2)`` weights and zero biases (Hugging Face's),
-        ``W_std = library_std sqrt(fan_in)``, ``b_std = 0``.
+        ``W_std = library_std sqrt(fan_in)``, ``b_std = 0``; in an ``nn.Transformer``,
+        ``xavier_uniform_`` weights, ``W_std**2 = 2 fan_in / (fan_in + fan_out)``.
         ``init="infer"``: ``W_std**2 = fan_in * mean(W**2)``, ``b_std**2 = mean(b**2)``.
         Explicit ``W_std``/``b_std`` override either; parameters are then drawn Gaussian. An
         explicit torch tensor is kept in ``hyper`` as it is (the analytic kernels take it as an
@@ -189,10 +197,13 @@ class Context:
         """
         o = self.options
         library = o.init == "torch" and o.library_std is not None
+        xavier = o.init == "torch" and self.in_transformer
         if library:  # e.g. Hugging Face's normal(0, initializer_range), zero biases
             W_std, b_std = o.library_std * fan_in ** 0.5, 0.0
         elif o.init == "torch":
             W_std, b_std = 3 ** -0.5, (3 * fan_in) ** -0.5
+            if xavier:  # U(-a, a), a**2 = 6 / (fan_in + fan_out); biases as torch's default
+                W_std = (2 * fan_in / (fan_in + weight.numel() // fan_in)) ** 0.5
         else:
             W_std = (fan_in * weight.detach().double().pow(2).mean()).sqrt().item()
             b_std = None if bias is None else rms(bias)
@@ -200,7 +211,7 @@ class Context:
         W_std = W_std if W_exp is None else W_exp
         b_std = None if bias is None else (b_std if b_exp is None else b_exp)
         explicit = W_exp is not None or b_exp is not None
-        if o.init == "torch" and not library:
+        if o.init == "torch" and not (library or xavier):
             self.init_checks = tuple((label, t, fan_in) for label, t, exp in
                                      (("weight", weight, W_exp), ("bias", bias, b_exp))
                                      if t is not None and exp is None)

@@ -7,7 +7,7 @@ may also declare a random-feature map beside its kernel rule (``Layer.features``
 
 from .activations import (ABRelu, Abs, Cos, Erf, Exp, Gelu, LeakyRelu, Numerical, RectifiedMonomial,
                           Relu, Sign, Sin, ab_relu_rule, elementwise)
-from .attention import SelfAttention, Stds
+from .attention import CrossAttention, SelfAttention, Stds
 from .combinators import (INPUT, FanInConcat, FanInSum, FanOut, Pick, Scale, dag, parallel,
                           serial)
 from .conv import Conv
@@ -26,11 +26,12 @@ from .products import FanInProd
 from .reshape import Flatten, Unflatten
 from .resize import PixelShuffle, PixelUnshuffle, Upsample
 from .sequence import SwapLast, TokenMean, TokenSelect
+from .sequence_pair import SequencePair, pack_pair
 from .softmax_moments import Rule
 from .transpose import ConvTranspose
 
 __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate", "Chunk",
-           "AvgPool", "BatchNorm", "ChannelMoments", "Conv", "ConvTranspose", "Cos",
+           "AvgPool", "BatchNorm", "ChannelMoments", "Conv", "ConvTranspose", "Cos", "CrossAttention",
            "Dense", "Dropout", "Embedding", "Erf", "Exp", "FanInConcat", "FanInProd",
            "FanInStack", "FanInSum", "FanOut", "Flatten", "Gelu", "INPUT",
            "Identity", "Index", "InputAggregate", "NodesFirstAggregate", "GeometricFeatures", "MessagePassing",
@@ -38,7 +39,7 @@ __all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate", "
            "NodeFeatures", "Numerical", "Outer", "PARAMETERIZATIONS", "Pick", "Piece", "Pieces", "PixelShuffle",
            "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "RMSNorm",
            "RotaryAttention", "Row", "Rule",
-           "Scale", "SelfAttention", "Sign", "Sin", "Stds", "SwapLast", "Token", "TokenMean",
+           "Scale", "SelfAttention", "SequencePair", "Sign", "Sin", "Stds", "SwapLast", "Token", "TokenMean",
            "TokenSelect", "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag",
-           "elementwise", "features_last_kernel", "input_kernel", "parallel", "sequence_kernel",
+           "elementwise", "features_last_kernel", "input_kernel", "pack_pair", "parallel", "sequence_kernel",
            "serial", "with_hyper"]

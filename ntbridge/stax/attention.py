@@ -1,207 +1,20 @@
-"""Self-attention as torch's ``nn.MultiheadAttention`` computes it, and Neural Tangents' variant.
-
-Inputs are sequences ``(N, T, E)`` (features last, :class:`~ntbridge.stax.kernel.Kernel` with
-``tokens``). For each head, ``q = x Wq^T + bq``, ``k``, ``v`` likewise, logits ``q k^T / sqrt(d)``
-(``d = E / heads``) plus an optional mask, ``A = softmax`` over keys, and the heads' ``A v``
-concatenated go through ``out_proj``.
-
-The limit (:func:`SelfAttention`): infinitely many channels per head and infinitely many heads.
-Per channel, queries, keys and values are Gaussian with covariances ``Kq = sq**2 K + bq**2`` (keys,
-values alike), independent of each other; the logits of a pair of examples are jointly Gaussian
-with ``Cov(G_n[t, s], G_m[t', s']) = Kq[nt, mt'] Kk[ns, ms']`` and independent of the values
-(Hron et al. 2020, "Infinite attention", sec. 3), so the output NNGP is
-``so**2 E[A_n Kv A_m^T] + bo**2``: the values' covariance weighted by the expectation of products
-of softmaxes (no closed form: :mod:`.softmax_moments` computes it, in independent replicates
-whose spread through the network estimates the kernel's error, ``covariances.evaluate_error``).
-The NTK adds every parameter's part: values and ``out_proj`` as affine layers
-(``E[A_n Tv A_m^T]``), queries and keys through the softmax's Jacobian ``J = diag(a) - a a^T``:
-``E[sum (J_n Kv J_m) * TG]`` with the logits' NTK ``TG = Tq Kk + Kq Tk`` (product rule).
-
-Which limit: a head's channels share its logits, so with a fixed number of heads the layer's
-output is a mixture of Gaussians. Its own NNGP (second moment) is exact at any head count, but a
-nonlinearity after it sees a Gaussian only when the heads grow too; rules after attention assume
-that (grow heads with width, e.g. ``heads ~ sqrt(width)``, to approach this kernel).
-
-``linear_scaling=True`` is Neural Tangents' ``GlobalSelfAttention`` variant: keys tied to the
-queries (``k = q``) and logits ``q q^T / d``, which converge to the constant ``sq**2 K_nn + bq**2``
-(NT's ``W_query_std * W_key_std`` is ``sq**2``): closed form; the queries and keys then carry no
-NTK of their own.
+"""Attention layers as torch's ``nn.MultiheadAttention`` computes them: self-attention
+(:func:`SelfAttention`, and Neural Tangents' ``linear_scaling`` variant) and a decoder's
+cross-attention (:func:`CrossAttention`). Their kernel rule, its limit and its error estimate are
+:mod:`.attention_rule`'s.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
-from .kernel import Kernel, sequence_kernel
-from .layers import Layer, _sample, dense_rule
-from .rotary import check_frequencies, correlation, rotary_moments, rotate
-from .softmax_moments import Blocks, Rule, masked_softmax, normal_points, pair_moments, psd_factor
-
-
-class Stds(NamedTuple):
-    """Standard deviations of the projections: weights ``W_std`` (variance ``W_std**2 / E``) and
-    biases ``b_std`` (None: no bias), for queries, keys, values and the output."""
-
-    W_q: float
-    W_k: float
-    W_v: float
-    W_o: float
-    b_q: float | None
-    b_k: float | None
-    b_v: float | None
-    b_o: float | None
-
-
-def _joint(c_n, c_nm, c_m):
-    """The ``(2T, 2T)`` covariance of both examples' tokens from its blocks."""
-    return jnp.concatenate([jnp.concatenate([c_n, c_nm], -1),
-                            jnp.concatenate([jnp.swapaxes(c_nm, -1, -2), c_m], -1)], -2)
-
-
-@functools.partial(jax.jit, static_argnames="rule")  # traced once per shapes, not per call
-def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule, replicate, corr=None):
-    """``E[A_n Kv A_m^T]`` (and the NTK's expectation) for the pairs of ``kq`` etc.: tuples
-    ``(cov_n, cov_nm, cov_m)`` of arrays broadcasting to ``kv`` ``(..., T, T)``; ``ntks``:
-    ``(tq, tk, tv)`` cross NTKs or None; ``allowed``: ``(allowed_n, allowed_m)``, boolean arrays
-    broadcasting to ``kv`` (None: every key); ``replicate``: the rule's replicate to use alone
-    (None: all); ``corr``: rotary embeddings' correlation of the logits (:mod:`.rotary`; None:
-    none). Returns ``(nngp, ntk)`` arrays ``(..., T, T)`` (NTK None without ``ntks``)."""
-    t, batch = kv.shape[-1], kv.shape[:-2]
-    z = jnp.asarray(normal_points(rule, t), kv.dtype)
-    z = z if replicate is None else jnp.take(z, replicate, 0)[None]
-    spread = lambda b: jnp.broadcast_to(b, kv.shape)
-    if corr is not None:
-        masks = tuple(jnp.ones(kv.shape, bool) if a is None else spread(a) for a in allowed)
-        blocks = lambda c: tuple(spread(b) for b in c)
-        return rotary_moments(blocks(kq), blocks(kk), kv, ntks, masks, z, rule.chunk, corr)
-    full = lambda blocks: _joint(*(spread(b) for b in blocks))
-    lq, lk = psd_factor(full(kq)), psd_factor(full(kk))
-    tq, tk, tv = ntks if ntks is not None else (None, None, None)
-    blocks = Blocks(lq[..., :t, :], lq[..., t:, :], lk[..., :t, :], lk[..., t:, :], kv,
-                    spread(kq[1]), spread(kk[1]), tq, tk, tv)
-    masks = tuple(jnp.ones(kv.shape, bool) if a is None else spread(a) for a in allowed)
-    flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[-2:]), (blocks, masks))
-    out = jax.vmap(lambda b, m: pair_moments(b, z, *m, rule.chunk))(*flat)
-    return jax.tree.map(lambda a: a.reshape(*batch, t, t), out)
-
-
-def _pair_moments(k: Kernel, kq, kk, kv, ntks, allowed, rule: Rule, corr):
-    """:func:`_softmax_moments` of the pairs ``(n, m)``; with x2 = x1, of the pairs ``n <= m``
-    only, the others being their transposes (half the work, and exactly symmetric)."""
-    sides = lambda c: (c[1][:, None], c[0], c[2][None])
-    masks = (_expand(allowed[0], 1), _expand(allowed[1], 0))
-    if not k.x1_is_x2:
-        return _softmax_moments(sides(kq), sides(kk), kv[0], ntks, masks, rule, k.replicate, corr)
-    n = kv[0].shape[0]
-    i, j = np.triu_indices(n)
-    pick = lambda a: None if a is None else jnp.broadcast_to(a, kv[0].shape)[i, j]
-    picks = lambda arrays: None if arrays is None else tuple(pick(a) for a in arrays)
-    upper = _softmax_moments(picks(sides(kq)), picks(sides(kk)), pick(kv[0]), picks(ntks),
-                             picks(masks), rule, k.replicate, corr)
-
-    def fill(u):  # (pairs, T, T) -> (N, N, T, T)
-        full = jnp.zeros((n, n, *u.shape[1:]), u.dtype)
-        return full.at[j, i].set(jnp.swapaxes(u, -1, -2)).at[i, j].set(u)
-
-    return jax.tree.map(fill, upper)
-
-
-def _expectations(k: Kernel, kq, kk, kv, ntks, allowed, rule: Rule, corr):
-    """``E[A Kv A'^T]`` for ``(nngp, cov1, cov2)`` and the NTK's expectation for ``nngp`` (None
-    without ``ntks``); ``allowed``: each side's keys (:func:`_allowed`); ``corr``: rotary
-    embeddings' (None: none)."""
-    nngp, ntk = _pair_moments(k, kq, kk, kv, ntks, allowed, rule, corr)
-    own = lambda j: _softmax_moments((kq[j],) * 3, (kk[j],) * 3, kv[j], None,
-                                     (allowed[j - 1],) * 2, rule, k.replicate, corr)[0]
-    cov1 = own(1)
-    return [nngp, cov1, cov1 if k.x1_is_x2 else own(2)], ntk
-
-
-def _limit_weights(c, s: Stds, allowed):
-    """``linear_scaling``: the deterministic attention ``softmax(sq**2 c + bq**2)`` of each
-    example (the keys are the queries)."""
-    return masked_softmax(s.W_q ** 2 * c + (0.0 if s.b_q is None else s.b_q ** 2), allowed)
-
-
-def _linear_limit(k: Kernel, s: Stds, kv, tv, allowed):
-    """``linear_scaling``: ``A_n Kv A_m^T`` with deterministic attention weights, and the NTK's."""
-    a1, a2 = (_limit_weights(c, s, a) for c, a in zip((k.cov1, k.cov2), allowed))
-    own = lambda a, c: jnp.einsum("nts,nsr,nur->ntu", a, c, a, precision=_EXACT)
-    z = [sandwich(a1, kv[0], a2), own(a1, kv[1]), own(a2, kv[2])]
-    return z, None if tv is None else sandwich(a1, tv, a2)
-
-
-_EXACT = jax.lax.Precision.HIGHEST
-
-
-def sandwich(a1, c, a2):
-    """``a1[n] @ c[n, m] @ a2[m]^T`` for every pair of examples: ``a1`` ``(N1, T, T)``, ``c``
-    ``(N1, N2, T, T)``, ``a2`` ``(N2, T, T)``. Two batched matrix products, over ``n`` then over
-    ``m``: one form for every T, faster than XLA's fusion of ``2 T`` broadcast products at most
-    T (the ``sandwich`` rows of ``benchmarks/attention.py``; figures in ``benchmarks/README.md``)."""
-    left = jnp.einsum("nts,nmsr->nmtr", a1, c, precision=_EXACT)
-    return jnp.einsum("nmtr,mur->nmtu", left, a2, precision=_EXACT)
-
-
-def _expand(allowed, axis: int):
-    """Per-example ``allowed`` ``(N, T, T)`` as one side of the pairs (None stays None)."""
-    return allowed if allowed is None or allowed.ndim == 2 else jnp.expand_dims(allowed, axis)
-
-
-def _allowed(mask, padding_id, ids: Kernel | None):
-    """The keys each query may see, ``(allowed1, allowed2)``: the ``(T, T)`` mask's finite entries,
-    and per example ``(N, T, T)`` without the keys whose id is ``padding_id``; None: all."""
-    fixed = None if mask is None else jnp.isfinite(mask)
-    if padding_id is None:
-        return fixed, fixed
-    if ids is None or ids.ids1 is None:
-        raise UnsupportedLayerError("key_padding_mask = (ids == padding id) needs the model's "
-                                    "token ids as its input (N, T)")
-    keys = lambda x: jnp.broadcast_to((x != padding_id)[:, None, :], (*x.shape, x.shape[-1]))
-    return tuple(keys(x) if fixed is None else keys(x) & fixed for x in (ids.ids1, ids.ids2))
-
-
-def attention_rule(embed_dim: int, stds: Stds, parameterization: str, mask: jax.Array | None,
-                   linear_scaling: bool, rule: Rule, padding_id: int | None = None,
-                   frequencies: tuple[float, ...] | None = None, logit_scale: float = 1.0):
-    """The kernel rule of :func:`SelfAttention` (see the module doc); ``frequencies``: those of
-    rotary position embeddings of the queries and keys (:mod:`.rotary`; None: none);
-    ``logit_scale``: the logits' factor over ``1/sqrt(d_head)``, which scales the queries' kernels
-    (NNGP and NTK) by its square."""
-    s = stds
-
-    def kernel_fn(k) -> Kernel:
-        k, ids = k if padding_id is not None else (k, None)
-        if not k.tokens or k.diagonal_spatial:
-            raise UnsupportedLayerError(
-                f"self-attention needs sequence inputs (N, T, {embed_dim}) and the covariance of "
-                f"every pair of tokens; got a kernel of inputs {k.shape1}.")
-        allowed = _allowed(mask, padding_id, ids)
-        # the projections, per channel: the kernels (nngp, cov1, cov2) and the NTK of each
-        affine = lambda k, W, b: dense_rule(k, embed_dim, embed_dim, W, b, parameterization)
-        arrays = lambda p: ((p.nngp, p.cov1, p.cov2), p.ntk)
-        (kq, tq), (kv, tv) = arrays(affine(k, s.W_q, s.b_q)), arrays(affine(k, s.W_v, s.b_v))
-        if logit_scale != 1.0:  # the queries as the logits see them
-            kq = tuple(logit_scale ** 2 * c for c in kq)
-            tq = None if tq is None else logit_scale ** 2 * tq
-        if linear_scaling:
-            z, tz = _linear_limit(k, s, kv, tv, allowed)
-        else:
-            kk, tk = arrays(affine(k, s.W_k, s.b_k))
-            ntks = None if k.ntk is None else (tq, tk, tv)
-            corr = None if frequencies is None else jnp.asarray(
-                correlation(np.asarray(frequencies), k.shape1[-2]), k.nngp.dtype)
-            z, tz = _expectations(k, kq, kk, kv, ntks, allowed, rule, corr)
-        mixed = k.replace(nngp=z[0], cov1=z[1], cov2=z[2], ntk=tz)  # the heads' A v
-        return affine(mixed, s.W_o, s.b_o)
-
-    return kernel_fn
+from .attention_rule import Stds, attention_rule
+from .kernel import sequence_kernel
+from .layers import Layer, _sample
+from .rotary import check_frequencies, rotate
+from .softmax_moments import Rule
 
 
 def _heads(x, n_heads):
@@ -235,20 +48,61 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
         >>> layer.init_fn(jax.random.key(0), (2, 5, 64))[0]
         (2, 5, 64)
     """
-    if embed_dim % num_heads:
-        raise ShapeError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
     if linear_scaling and (logit_scale != 1.0 or frequencies is not None):
         raise UnsupportedLayerError("linear_scaling takes the logits q q^T / d as they are "
                                     "(logit_scale 1, no rotary embeddings).")
+    return _attention(embed_dim, num_heads, stds, parameterization, mask, linear_scaling, rule,
+                      padding_id, distribution, logit_scale, frequencies)
+
+
+def CrossAttention(embed_dim: int, num_heads: int, stds: Stds, *,
+                   parameterization: str = "standard", mask: jax.Array | None = None,
+                   rule: Rule = Rule(), distribution: str = "uniform") -> Layer:
+    """torch's ``nn.MultiheadAttention(embed_dim, num_heads, bias=stds.b_q is not None,
+    batch_first=True)`` called as ``attn(x, memory, memory, attn_mask=mask,
+    need_weights=False)[0]``: queries from ``x``, keys and values from ``memory`` (a decoder's
+    cross-attention).
+
+    Shapes: ``(x (N, T, E), memory (N, S, E)) -> (N, T, E)``; ``mask``: an additive ``(T, S)``
+    float mask. Params as :func:`SelfAttention`'s. Kernel rule: :func:`SelfAttention`'s with the
+    queries' covariances from ``x``'s kernel and the keys' and values' from ``memory``'s (the
+    logits' covariance ``Kq[nt, mt'] Kk[ns, ms']``); the two sequences' covariance with each
+    other is never needed, as queries and keys have independent weights.
+
+    Example:
+        >>> stds = Stds(*(0.5 ** 0.5,) * 3, 3 ** -0.5, 0.0, 0.0, 0.0, 0.0)
+        >>> CrossAttention(64, 4, stds).init_fn(jax.random.key(0), ((2, 5, 64), (2, 7, 64)))[0]
+        (2, 5, 64)
+    """
+    return _attention(embed_dim, num_heads, stds, parameterization, mask, False, rule, None,
+                      distribution, 1.0, None, cross=True)
+
+
+def _attention(embed_dim: int, num_heads: int, stds: Stds, parameterization: str, mask,
+               linear_scaling: bool, rule: Rule, padding_id: int | None, distribution: str,
+               logit_scale: float, frequencies: tuple[float, ...] | None,
+               cross: bool = False) -> Layer:
+    """The layer of :func:`SelfAttention` (``cross``: of :func:`CrossAttention`)."""
+    if embed_dim % num_heads:
+        raise ShapeError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
     s, has_bias = stds, stds.b_q is not None
     head_dim = embed_dim // num_heads
     if frequencies is not None:
         check_frequencies(head_dim, frequencies)
 
+    def operands(x):  # (the queries' sequences, the keys' and values', the token ids or None)
+        if cross:
+            return x[0], x[1], None
+        return (x[0], x[0], x[1]) if padding_id is not None else (x, x, None)
+
     def init_fn(key, input_shape):
-        input_shape = input_shape if padding_id is None else input_shape[0]
-        if len(input_shape) != 3 or input_shape[-1] != embed_dim:
-            raise ShapeError(f"expects sequences (N, T, {embed_dim}), got {tuple(input_shape)}")
+        queries, memory, _ = operands(input_shape)
+        for shape in (queries, memory):
+            if len(shape) != 3 or shape[-1] != embed_dim or shape[0] != queries[0]:
+                raise ShapeError(f"expects sequences (N, T, {embed_dim}), got {tuple(shape)}")
+        if mask is not None and tuple(mask.shape) != (queries[1], memory[1]):
+            raise ShapeError(f"the attention mask has shape {tuple(mask.shape)}, but the queries "
+                             f"and keys are {queries[1]} and {memory[1]} tokens")
         keys = jax.random.split(key, 8)
         draw = lambda i, shape, std: _sample(keys[i], shape, std, distribution)
         w = [draw(i, (embed_dim, embed_dim), std / embed_dim ** 0.5)
@@ -258,15 +112,19 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
             b = [draw(4 + i, (embed_dim,), std) for i, std in enumerate((s.b_q, s.b_k, s.b_v))]
             params.update({"in_proj_bias": jnp.concatenate(b),
                            "out_proj.bias": draw(7, (embed_dim,), s.b_o)})
-        return tuple(input_shape), params
+        return tuple(queries), params
 
     def apply_fn(params, x):
-        x, ids = x if padding_id is not None else (x, None)
+        x, memory, ids = operands(x)
         mm = lambda a, w: jnp.matmul(a, w.T, precision=jax.lax.Precision.HIGHEST)
-        qkv = mm(x, params["in_proj_weight"])
-        if has_bias:
-            qkv = qkv + params["in_proj_bias"]
-        q, k, v = (_heads(a, num_heads) for a in jnp.split(qkv, 3, axis=-1))
+        w, b = params["in_proj_weight"], params.get("in_proj_bias")
+
+        def project(a, i):  # the queries' (i = 0), keys' or values' heads
+            y = mm(a, w[i * embed_dim:(i + 1) * embed_dim])
+            return _heads(y if b is None else y + b[i * embed_dim:(i + 1) * embed_dim],
+                          num_heads)
+
+        q, k, v = project(x, 0), project(memory, 1), project(memory, 2)
         k = q if linear_scaling else k
         if frequencies is not None:
             q, k = (rotate(a, jnp.asarray(frequencies)) for a in (q, k))
@@ -283,6 +141,6 @@ def SelfAttention(embed_dim: int, num_heads: int, stds: Stds, *,
 
     return Layer(init_fn, apply_fn,
                  attention_rule(embed_dim, stds, parameterization, mask, linear_scaling, rule,
-                                padding_id, frequencies, logit_scale),
+                                padding_id, frequencies, logit_scale, cross),
                  full_spatial=True, input_kernel=sequence_kernel,
                  replicates=0 if linear_scaling else rule.replicates)

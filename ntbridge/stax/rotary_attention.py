@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ShapeError
-from .attention import Stds, attention_rule
+from .attention_rule import Stds, attention_rule
 from .kernel import sequence_kernel
 from .layers import Layer, _sample
 from .rotary import check_frequencies, rotate

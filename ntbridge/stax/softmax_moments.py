@@ -3,20 +3,21 @@
 In the infinite-width limit of torch's attention (logits ``q . k / sqrt(d_head)``, independent
 query and key weights), the logits of two examples ``n``, ``m`` are jointly Gaussian with
 ``Cov(G_n[t, s], G_m[t', s']) = Kq[nt, mt'] Kk[ns, ms']``: the covariance of the queries of both
-examples' ``2T`` tokens, ``Kq``, Kronecker the keys', ``Kk`` (Hron et al. 2020, sec. 3). With
-factors ``Lq Lq^T = Kq`` and ``Lk Lk^T = Kk`` (``2T x 2T``) and a standard normal ``Z`` of the
-same shape, ``Lq Z Lk^T`` has exactly that covariance: one ``Z`` gives every logit of the pair, for
-all query tokens at once. There is no closed form for the expectations of softmaxes of them, so
-they are computed numerically:
+examples' ``2T`` tokens, ``Kq``, Kronecker the keys' (``2S`` of them: ``S = T`` in
+self-attention, the memory's length in cross-attention), ``Kk`` (Hron et al. 2020, sec. 3). With
+factors ``Lq Lq^T = Kq`` (``2T x 2T``) and ``Lk Lk^T = Kk`` (``2S x 2S``) and a standard normal
+``Z`` ``(2T, 2S)``, ``Lq Z Lk^T`` has exactly that covariance: one ``Z`` gives every logit of the
+pair, for all query tokens at once. There is no closed form for the expectations of softmaxes of
+them, so they are computed numerically:
 
-* the rule: ``points`` scrambled Sobol points in ``4 T^2`` dimensions (Owen scrambling, fixed
+* the rule: ``points`` scrambled Sobol points in ``4 T S`` dimensions (Owen scrambling, fixed
   seeds: deterministic), mapped to ``Z`` by the normal quantile, in ``replicates`` independent
   scramblings. The estimate is their mean. A network's kernel computed once per replicate (each
   alone, ``Kernel.replicate``) gives independent, unbiased estimates whose standard error is an
   honest error bar of the kernel (``covariances.evaluate_error``); it shrinks at least as
   ``points**-1/2`` (Monte-Carlo's order) and, for integrands as smooth as these, faster;
-* beyond 21201 dimensions (``T > 72``) Sobol points do not exist and plain Gaussian samples are
-  used (the same error bar, Monte-Carlo's order).
+* beyond 21201 dimensions (``T = S > 72``) Sobol points do not exist and plain Gaussian samples
+  are used (the same error bar, Monte-Carlo's order).
 
 Masked positions (``allowed`` False) get probability 0 exactly.
 """
@@ -47,12 +48,14 @@ class Rule(NamedTuple):
 
 
 @functools.lru_cache(maxsize=16)
-def normal_points(rule: Rule, tokens: int) -> np.ndarray:
-    """``(replicates, points, 2T, 2T)`` standard normal points of the rule (float64, cached)."""
-    dim = (2 * tokens) ** 2
+def normal_points(rule: Rule, tokens: int, keys: int | None = None) -> np.ndarray:
+    """``(replicates, points, 2T, 2S)`` standard normal points of the rule (float64, cached) for
+    ``T = tokens`` queries and ``S = keys`` keys (None: ``T``)."""
+    keys = tokens if keys is None else keys
+    dim = 4 * tokens * keys
+    shape = (rule.replicates, rule.points, 2 * tokens, 2 * keys)
     if dim > SOBOL_DIMENSIONS:
-        rng = np.random.default_rng(rule.seed)
-        return rng.standard_normal((rule.replicates, rule.points, 2 * tokens, 2 * tokens))
+        return np.random.default_rng(rule.seed).standard_normal(shape)
     from scipy.special import ndtri  # optional at import time: only attention needs it
     from scipy.stats import qmc
 
@@ -60,7 +63,7 @@ def normal_points(rule: Rule, tokens: int) -> np.ndarray:
     for r in range(rule.replicates):
         u = qmc.Sobol(dim, scramble=True, seed=rule.seed + r).random(rule.points)
         out.append(ndtri(np.clip(u, 1e-12, 1 - 1e-12)))
-    return np.stack(out).reshape(rule.replicates, rule.points, 2 * tokens, 2 * tokens)
+    return np.stack(out).reshape(shape)
 
 
 def psd_factor(k: jax.Array, floor: float = 0.0) -> jax.Array:
@@ -107,9 +110,10 @@ def _dot(spec: str, *operands):
 
 
 class Blocks(NamedTuple):
-    """One pair's blocks, each ``(T, T)`` (``n`` the x1 example, ``m`` the x2 one): the factors'
-    rows ``lq_n, lq_m, lk_n, lk_m`` ``(T, 2T)``, the cross covariances of values ``kv``, and, for
-    the NTK, the cross kernels ``tq, tk, tv`` (NTKs of queries, keys, values) and ``kq, kk``."""
+    """One pair's blocks (``n`` the x1 example, ``m`` the x2 one; ``T`` queries, ``S`` keys): the
+    factors' rows ``lq_n, lq_m`` ``(T, 2T)`` and ``lk_n, lk_m`` ``(S, 2S)``, the cross
+    covariances of values ``kv`` ``(S, S)``, and, for the NTK, the cross kernels ``tq, tk, tv``
+    (NTKs of queries ``(T, T)``, keys and values ``(S, S)``) and ``kq``, ``kk``."""
 
     lq_n: jax.Array
     lq_m: jax.Array
@@ -124,7 +128,7 @@ class Blocks(NamedTuple):
 
 
 def _chunk_terms(b: Blocks, z: jax.Array, allowed_n, allowed_m):
-    """For points ``z`` ``(S, 2T, 2T)``: the sums over them of the value-covariance term ``A_n Kv
+    """For points ``z`` ``(P, 2T, 2S)``: the sums over them of the value-covariance term ``A_n Kv
     A_m^T`` and, with the NTK, of its term ``A_n Tv A_m^T + Tq * D(Kk) + Kq * D(Tk)``, where
     ``D(M)[t, t'] = sum_{u,u'} M[u,u'] (J_a Kv J_c)[u,u']`` with ``J_a = diag(a_t) - a_t a_t^T``
     the softmax's Jacobian at row ``t`` of ``a = A_n`` (``c = A_m`` at ``t'``). The entries of
@@ -132,14 +136,14 @@ def _chunk_terms(b: Blocks, z: jax.Array, allowed_n, allowed_m):
 
         D(M) = (a (M * Kv) - (a M) * (a Kv)) c^T - a ((Kv c^T) * (M c^T)) + (a Kv c^T) * (a M c^T).
 
-    The attention weights are laid out ``(T, S, T)`` (query, point, key): the first two terms'
+    The attention weights are laid out ``(T, P, S)`` (query, point, key): the first two terms'
     sums over the points are then long matrix products (the contraction runs over points and
-    keys, not ``S`` small products); only the last is a product per point. ``A_n``'s logits see
-    only a point's first ``T`` rows and columns (the factors are lower-triangular)."""
-    t = b.kv.shape[-1]
-    rows = jnp.swapaxes(z, 0, 1)  # [u, s, v]: the factors' products are plain matrix products
+    keys, not ``P`` small products); only the last is a product per point. ``A_n``'s logits see
+    only a point's first ``T`` rows and ``S`` columns (the factors are lower-triangular)."""
+    t, s = b.kq.shape[-1], b.kv.shape[-1]
+    rows = jnp.swapaxes(z, 0, 1)  # [u, p, v]: the factors' products are plain matrix products
     logits = lambda lq, zr, lk: _dot("tsv,wv->tsw", _dot("tu,usv->tsv", lq, zr), lk)
-    g_n = logits(b.lq_n[:, :t], rows[:t, :, :t], b.lk_n[:, :t])
+    g_n = logits(b.lq_n[:, :t], rows[:t, :, :s], b.lk_n[:, :s])
     g_m = logits(b.lq_m, rows, b.lk_m)
     mask = lambda allowed: None if allowed is None else allowed[:, None]
     a, c = masked_softmax(g_n, mask(allowed_n)), masked_softmax(g_m, mask(allowed_m))
@@ -170,7 +174,7 @@ def summed(sample):
 
 def pair_moments(b: Blocks, z: jax.Array, allowed_n, allowed_m, chunk: int,
                  terms=_chunk_terms):
-    """Means of a rule's terms over the points ``z`` ``(R, S, 2T, 2T)`` (all replicates'):
+    """Means of a rule's terms over the points ``z`` ``(R, P, 2T, 2S)`` (all replicates'):
     ``terms(b, points, allowed_n, allowed_m)`` sums them over ``chunk`` points at a time
     (:func:`_chunk_terms`, or the rotary rule's per-point terms :func:`summed`); each term
     ``(T, T)`` (the NTK's None without ``b.tv``)."""

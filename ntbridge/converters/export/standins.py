@@ -20,7 +20,7 @@ from torch import nn
 
 from ... import stax
 from ...errors import UnsupportedLayerError
-from ...stax.attention import Stds
+from ...stax.attention_rule import Stds
 from ...stax.layers import _sample
 from ...stax.rotary import rotate
 from ..registry import Context, register

@@ -1,7 +1,9 @@
-"""The calls of transformer modules in a traced ``forward``: self-attention's and encoders'
+"""The calls of transformer modules in a traced ``forward``: attention's, encoders' and decoders'
 arguments, and their output. (Positions added to a sequence are :mod:`.positions`'.)
 
-``attn(x, x, x, attn_mask=self.mask, need_weights=False)[0]`` becomes one node fed by ``x``, its
+``attn(x, x, x, attn_mask=self.mask, need_weights=False)[0]`` becomes one node fed by ``x``
+(``attn(x, memory, memory)``, cross-attention: by ``x`` and ``memory``; a decoder's ``(tgt,
+memory)`` and ``nn.Transformer``'s ``(src, tgt)``: by both), its
 other arguments handed to the converter (``Context.call``); a mask must be a tensor of the model
 (a buffer, or a parameter) rather than one computed in ``forward``, except a key padding mask made
 of the model's token ids, ``key_padding_mask=(ids == pad)``: the node is then fed by ``x`` and the
@@ -19,9 +21,12 @@ from torch import fx, nn
 from ...errors import UnsupportedLayerError
 from ..attention import PaddingIds
 
-ATTENTION_MODULES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
+ATTENTION_MODULES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder,
+                     nn.TransformerDecoderLayer, nn.TransformerDecoder, nn.Transformer)
 _TENSOR_ARGS = {nn.MultiheadAttention: ("query", "key", "value"),
-                nn.TransformerEncoderLayer: ("src",), nn.TransformerEncoder: ("src",)}
+                nn.TransformerEncoderLayer: ("src",), nn.TransformerEncoder: ("src",),
+                nn.TransformerDecoderLayer: ("tgt", "memory"),
+                nn.TransformerDecoder: ("tgt", "memory"), nn.Transformer: ("src", "tgt")}
 
 
 def padding_ids(node: fx.Node) -> PaddingIds | None:
@@ -54,14 +59,20 @@ def attention_call(module: nn.Module, node: fx.Node, attrs: dict, where: str):
     except TypeError as e:
         raise UnsupportedLayerError(f"{where}: unsupported arguments ({e}).") from None
     tensors = [bound.arguments[n] for n in _TENSOR_ARGS[kind]]
-    if any(t is not tensors[0] for t in tensors):
-        raise UnsupportedLayerError(
-            f"{where} is called with different query, key and value: cross-attention has no "
-            f"kernel rule here; only self-attention, attn(x, x, x), is supported.")
     call = {n: _constant(v, attrs, n, where) for n, v in bound.arguments.items()
             if n not in _TENSOR_ARGS[kind]}
+    if kind is nn.MultiheadAttention and tensors[0] is not tensors[1]:
+        if tensors[1] is not tensors[2]:
+            raise UnsupportedLayerError(
+                f"{where} is called with different keys and values: no kernel rule here; "
+                f"self-attention attn(x, x, x) and cross-attention attn(x, memory, memory) are "
+                f"supported.")
+        call["cross"] = True
+        tensors = tensors[:2]
+    elif kind is nn.MultiheadAttention:
+        tensors = tensors[:1]
     ids = {v.ids for v in call.values() if isinstance(v, PaddingIds)}
-    return [tensors[0], *ids], call
+    return [*tensors, *ids], call
 
 
 def attention_output(node: fx.Node, calls: set) -> fx.Node | None:

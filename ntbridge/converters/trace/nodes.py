@@ -29,6 +29,7 @@ from ..graph import Node, make_node
 from ..registry import Options
 from .adjacency import reads_nodes_first
 from .geometric import check_inputs, is_geometric
+from .sequence_pair import sequence_pair
 from .positions import PositionsView
 from .tracer import describe, trace
 
@@ -65,6 +66,7 @@ class Trace:
     attention_calls: set[fx.Node] = dataclasses.field(default_factory=set)  # (output, weights)
     geometric: dict[fx.Node, str] = dataclasses.field(default_factory=dict)  # PyG graph inputs
     nodes_first: bool = False  # forward(x, adjacency) computes adjacency @ h, x (N, V, C)
+    pair: tuple[int, int] | None = None  # forward(x, memory): the sequences' features
 
     def add(self, node: fx.Node, name: str, module: nn.Module, inputs: tuple[int, ...],
             origin: str = "", call: dict | None = None) -> None:
@@ -117,11 +119,14 @@ def fx_nodes(model: nn.Module, options: Options) -> list[Node]:
         check_inputs(placeholders, type(model).__name__)
     elif len(placeholders) > 2:
         raise ConversionError(f"{type(model).__name__}.forward takes {len(placeholders)} inputs; "
-                              f"ntbridge models take one tensor, forward(x), or node features and "
-                              f"each example's graph, forward(x, adjacency).")
+                              f"ntbridge models take one tensor, forward(x), node features and "
+                              f"each example's graph, forward(x, adjacency), or two sequences, "
+                              f"forward(x, memory).")
     state = Trace(model, options, placeholders, dict(model.named_parameters()))
     if len(placeholders) == 2 and not is_geometric(placeholders):
-        state.nodes_first = reads_nodes_first(graph, placeholders[1])
+        state.pair = sequence_pair(model, placeholders)
+        if state.pair is None:
+            state.nodes_first = reads_nodes_first(graph, placeholders[1])
     for node in graph.nodes:
         any(fn(node, state) for fn in PATTERNS)  # the first pattern claiming it ends its turn
     return state.nodes

@@ -18,6 +18,7 @@ from ..elementwise import step_of
 from ..geometric import GeometricFeatures
 from ..indexing import Stack
 from ..products import Multiply
+from ..sequence_pair import PairPart
 from .adjacency import adjacency_view, input_aggregation
 from .calls import ATTENTION_MODULES, attention_call, attention_output, padding_ids
 from .equivalents import equivalent, is_shape, located
@@ -118,7 +119,8 @@ def _chains_taken(node: fx.Node, t: Trace) -> bool:
 def _placeholder(node: fx.Node, t: Trace) -> bool:
     """``forward``'s input; for ``forward(x, adjacency)`` (or PyG's ``(x, edge_index, ...)``),
     the node features ``x`` read from the packed input, and the graph inputs, read through
-    products (:func:`_input_aggregation`) or PyG's calls (:func:`_geometric_call`) alone."""
+    products (:func:`_input_aggregation`) or PyG's calls (:func:`_geometric_call`) alone; for
+    ``forward(x, memory)``, each sequence read from the packed pair."""
     if node.op != "placeholder":
         return False
     name = f"{type(t.model).__name__}.forward"
@@ -129,6 +131,10 @@ def _placeholder(node: fx.Node, t: Trace) -> bool:
             t.add(node, "x", GeometricFeatures(), (INPUT,), f"the node features x of {name}")
     elif len(t.placeholders) != 2:
         t.index[node] = INPUT
+    elif t.pair is not None:
+        index = t.placeholders.index(node)
+        t.add(node, f"~{node.target}", PairPart(index, t.pair), (INPUT,),
+              f"the sequence {node.target} of {name}")
     elif node is t.placeholders[1]:
         t.adjacencies[node] = False
     else:

@@ -1,0 +1,101 @@
+"""Converters of the modules that read two sequences, ``forward(tgt, memory)``:
+``nn.TransformerDecoderLayer``, ``nn.TransformerDecoder`` and ``nn.Transformer`` (whose
+``forward(src, tgt)`` encodes ``src`` into the memory); and the pair's inputs.
+
+A decoder layer is one stax network, as an encoder layer (:mod:`.encoder`), with a
+cross-attention block between self-attention and the feed-forward block: post-norm ``x =
+norm1(x + sa(x)); x = norm2(x + mha(x, memory)); x = norm3(x + ff(x))``, or pre-norm (``norm_first``)
+``x = x + sa(norm1(x)); x = x + mha(norm2(x), memory); x = x + ff(norm3(x))``. Its cross-attention
+is :func:`~ntbridge.stax.CrossAttention`. The kernels take the pairs as ``x1=(tgt, memory)``
+(``(src, tgt)`` for ``nn.Transformer``, as its forward), packed into one tensor by
+:func:`~.sequence_pair.pack_sequences` and read back by :class:`~.sequence_pair.PairPart`.
+
+Initialisations: ``nn.Transformer`` re-draws every weight matrix of its layers from
+``xavier_uniform_`` (``Options.xavier``); a decoder's layers that are torch's copies of one layer
+(equal weights) share them, which has no kernel rule for decoders here: they are refused, with
+``shared_weights="independent"`` as the way to the kernel of independent layers.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .. import stax
+from ..errors import UnsupportedLayerError
+from .attention import check_layout
+from .encoder import Parts, shares_weights, sub_layer
+from .registry import Context, register
+
+def _calls(call: dict | None) -> tuple[dict, dict]:
+    """The self-attention's and the cross-attention's calls from a decoder's traced call."""
+    call = call or {}
+    if call.get("tgt_key_padding_mask") is not None or call.get(
+            "memory_key_padding_mask") is not None:
+        raise UnsupportedLayerError("key padding masks of a decoder's sequences have no kernel "
+                                    "rule here; give the decoder sequences without padding.")
+    both = {"time_major": call.get("time_major")}
+    return ({"attn_mask": call.get("tgt_mask"), "is_causal": call.get("tgt_is_causal"), **both},
+            {"attn_mask": call.get("memory_mask"), "is_causal": call.get("memory_is_causal"),
+             "cross": True, **both})
+
+
+def decoder_layer(module: nn.TransformerDecoderLayer, ctx: Context,
+                  call: dict | None) -> stax.Layer:
+    """The stax network of one decoder layer, taking ``(x, memory)`` (module doc)."""
+    sa_call, ca_call = _calls(call)
+    sa = sub_layer(module.self_attn, "self_attn", ctx, sa_call)
+    ca = sub_layer(module.multihead_attn, "multihead_attn", ctx, ca_call)
+    norms = [sub_layer(getattr(module, f"norm{i}"), f"norm{i}", ctx) for i in (1, 2, 3)]
+    net = Parts(("x", "memory"))
+    x, memory = net.inputs_of
+    add = lambda i, a, b: net.add(f"~add{i}", stax.FanInSum(), a, b)
+    norm = lambda i, h: net.add(f"norm{i}", norms[i - 1], h)
+    if module.norm_first:
+        h = add(0, x, net.add("self_attn", sa, norm(1, x)))
+        h = add(1, h, net.add("multihead_attn", ca, norm(2, h), memory))
+        add(2, h, net.feed_forward(module, ctx, norm(3, h)))
+    else:
+        h = norm(1, add(0, x, net.add("self_attn", sa, x)))
+        h = norm(2, add(1, h, net.add("multihead_attn", ca, h, memory)))
+        norm(3, add(2, h, net.feed_forward(module, ctx, h)))
+    return net.network()
+
+
+@register(nn.TransformerDecoderLayer)
+def _decoder_layer(module: nn.TransformerDecoderLayer, ctx: Context) -> stax.Layer:
+    check_layout(module.self_attn.batch_first, ctx, f"TransformerDecoderLayer '{ctx.name}'")
+    return decoder_layer(module, ctx, ctx.call)
+
+
+@register(nn.TransformerDecoder)
+def _decoder(module: nn.TransformerDecoder, ctx: Context) -> stax.Layer:
+    if len(module.layers) > 1 and shares_weights(module, ctx):
+        raise UnsupportedLayerError(
+            f"{ctx.name or 'the model'} (TransformerDecoder): its layers hold equal weights "
+            f"(torch's copies of one layer), and layers sharing weights have a kernel rule for "
+            f"encoders only. Pass shared_weights='independent' for the kernel of independently "
+            f"initialised layers (e.g. after re-initialising each layer), or use "
+            f"ntbridge.empirical_ntk.")
+    net = Parts(("x", "memory"))
+    h, memory = net.inputs_of
+    for j, layer in enumerate(module.layers):
+        name = f"layers.{j}"
+        sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options)
+        check_layout(layer.self_attn.batch_first, ctx, sub.name)
+        h = net.add(name, decoder_layer(layer, sub, ctx.call), h, memory)
+        ctx.hyper.update({f"{name}.{k}": v for k, v in sub.hyper.items()})
+    if module.norm is not None:
+        net.add("norm", sub_layer(module.norm, "norm", ctx), h)
+    return net.network()
+
+
+@register(nn.Transformer)
+def _transformer(module: nn.Transformer, ctx: Context) -> stax.Layer:
+    call = ctx.call or {}
+    net = Parts(("src", "tgt"))
+    src, tgt = net.inputs_of
+    encoder_call = {k: call.get(k) for k in ("src_mask", "src_key_padding_mask", "time_major")}
+    encoder_call["is_causal"] = call.get("src_is_causal")
+    memory = net.add("encoder", sub_layer(module.encoder, "encoder", ctx, encoder_call), src)
+    net.add("decoder", sub_layer(module.decoder, "decoder", ctx, call), tgt, memory)
+    return net.network()
