@@ -61,8 +61,8 @@ def independent_layers(module: nn.TransformerDecoder) -> nn.TransformerDecoder:
 
 
 MODELS = {
-    "decoder layer": (lambda: nn.TransformerDecoderLayer(D, 2, 32, dropout=0.0, batch_first=True),
-                      (D, D)),
+    "decoder layer": (lambda: nn.TransformerDecoderLayer(D, 2, 32, dropout=0.0,
+                                                         batch_first=True), (D, D)),
     "pre-norm decoder layer": (lambda: nn.TransformerDecoderLayer(
         D, 2, 32, dropout=0.0, batch_first=True, norm_first=True), (D, D)),
     "decoder stack": (lambda: independent_layers(nn.TransformerDecoder(
@@ -145,6 +145,8 @@ def test_the_kernels_of_a_pair():
     assert k.ntk.shape == (3, 3, 3, 3)
     torch.testing.assert_close(k.ntk, k.ntk.permute(1, 0, 3, 2), rtol=0, atol=0)
     assert ntbridge.kernel(model, x1, x2).nngp.shape == (3, 2, 3, 3)
+    assert ntbridge.monte_carlo(model, x1, x2, n_samples=2).mean.shape == (3, 2, 3, 3)
+    assert ntbridge.empirical_nngp(model, x1, x2).shape == (3, 2, 3, 3)
 
 
 def test_nn_transformer_is_read_as_it_initialises():
