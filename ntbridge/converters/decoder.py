@@ -12,8 +12,7 @@ is :func:`~ntbridge.stax.CrossAttention`. The kernels take the pairs as ``x1=(tg
 
 Initialisations: ``nn.Transformer`` re-draws every weight matrix of its layers from
 ``xavier_uniform_`` (``Options.xavier``); a decoder's layers that are torch's copies of one layer
-(equal weights) share them, which has no kernel rule for decoders here: they are refused, with
-``shared_weights="independent"`` as the way to the kernel of independent layers.
+(equal weights) get the kernel of such copies, as an encoder's (:mod:`ntbridge.stax.tied`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from torch import nn
 from .. import stax
 from ..errors import UnsupportedLayerError
 from .attention import check_layout
-from .encoder import Parts, shares_weights, sub_layer
+from .encoder import FEED_FORWARD, Parts, stack, sub_layer
 from .registry import Context, register
 
 def _calls(call: dict | None) -> tuple[dict, dict]:
@@ -39,9 +38,8 @@ def _calls(call: dict | None) -> tuple[dict, dict]:
              "cross": True, **both})
 
 
-def decoder_layer(module: nn.TransformerDecoderLayer, ctx: Context,
-                  call: dict | None) -> stax.Layer:
-    """The stax network of one decoder layer, taking ``(x, memory)`` (module doc)."""
+def decoder_parts(module: nn.TransformerDecoderLayer, ctx: Context, call: dict | None) -> Parts:
+    """The parts of one decoder layer's stax network, taking ``(x, memory)`` (module doc)."""
     sa_call, ca_call = _calls(call)
     sa = sub_layer(module.self_attn, "self_attn", ctx, sa_call)
     ca = sub_layer(module.multihead_attn, "multihead_attn", ctx, ca_call)
@@ -58,35 +56,23 @@ def decoder_layer(module: nn.TransformerDecoderLayer, ctx: Context,
         h = norm(1, add(0, x, net.add("self_attn", sa, x)))
         h = norm(2, add(1, h, net.add("multihead_attn", ca, h, memory)))
         norm(3, add(2, h, net.feed_forward(module, ctx, h)))
-    return net.network()
+    return net
 
 
 @register(nn.TransformerDecoderLayer)
 def _decoder_layer(module: nn.TransformerDecoderLayer, ctx: Context) -> stax.Layer:
     check_layout(module.self_attn.batch_first, ctx, f"TransformerDecoderLayer '{ctx.name}'")
-    return decoder_layer(module, ctx, ctx.call)
+    return decoder_parts(module, ctx, ctx.call).network()
 
 
 @register(nn.TransformerDecoder)
 def _decoder(module: nn.TransformerDecoder, ctx: Context) -> stax.Layer:
-    if len(module.layers) > 1 and shares_weights(module, ctx):
-        raise UnsupportedLayerError(
-            f"{ctx.name or 'the model'} (TransformerDecoder): its layers hold equal weights "
-            f"(torch's copies of one layer), and layers sharing weights have a kernel rule for "
-            f"encoders only. Pass shared_weights='independent' for the kernel of independently "
-            f"initialised layers (e.g. after re-initialising each layer), or use "
-            f"ntbridge.empirical_ntk.")
-    net = Parts(("x", "memory"))
-    h, memory = net.inputs_of
-    for j, layer in enumerate(module.layers):
-        name = f"layers.{j}"
-        sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options)
-        check_layout(layer.self_attn.batch_first, ctx, sub.name)
-        h = net.add(name, decoder_layer(layer, sub, ctx.call), h, memory)
-        ctx.hyper.update({f"{name}.{k}": v for k, v in sub.hyper.items()})
-    if module.norm is not None:
-        net.add("norm", sub_layer(module.norm, "norm", ctx), h)
-    return net.network()
+    layout = lambda first: (
+        [("norm1", "self_attn"), ("norm2", "multihead_attn"), ("norm3", *FEED_FORWARD)]
+        if first.norm_first else
+        [("self_attn",), "norm1", ("multihead_attn",), "norm2", FEED_FORWARD, "norm3"])
+    return stack(module, ctx, Parts(("x", "memory")),
+                 lambda layer, sub: decoder_parts(layer, sub, ctx.call), layout)
 
 
 @register(nn.Transformer)

@@ -53,6 +53,9 @@ def nested(parts: list[tuple[str, stax.Layer]], inputs: list[tuple[int, ...]]) -
     return net._replace(init_fn=init_fn, apply_fn=lambda params, x: net.apply_fn(split(params), x))
 
 
+FEED_FORWARD = ("linear1", "activation", "dropout", "linear2")  # an encoder's or decoder's layer's
+
+
 def _activation(module: nn.TransformerEncoderLayer, ctx: Context) -> stax.Layer:
     act = module.activation
     act = FUNCTIONS[act]() if act in FUNCTIONS else act
@@ -70,7 +73,6 @@ class Parts:
 
     def __init__(self, names: tuple[str, ...] = ()):
         self.parts, self.inputs = [], []
-        self.names = names
         self.inputs_of = tuple(self.add(f"~{n}", stax.Pick(j), stax.INPUT)
                                for j, n in enumerate(names)) or (stax.INPUT,)
 
@@ -80,13 +82,13 @@ class Parts:
         return len(self.parts) - 1
 
     def attention(self, name: str, layer: stax.Layer, h: int) -> int:
-        """Add a self-attention reading ``h`` and, where the network takes them, the ids."""
-        ids = self.inputs_of[self.names.index("ids")] if "ids" in self.names else None
-        return self.add(name, layer, h, *(() if ids is None else (ids,)))
+        """Add an encoder's self-attention reading ``h`` and, where the network takes them, the
+        ids."""
+        return self.add(name, layer, h, *self.inputs_of[1:])
 
     def feed_forward(self, module: nn.Module, ctx: Context, h: int) -> int:
         """Add an encoder's or decoder's layer's ``linear2(dropout(activation(linear1(h))))``."""
-        for name in ("linear1", "activation", "dropout", "linear2"):
+        for name in FEED_FORWARD:
             layer = _activation(module, ctx) if name == "activation" else sub_layer(
                 getattr(module, name), name, ctx)
             h = self.add(name, layer, h)
@@ -136,13 +138,23 @@ def _encoder(module: nn.TransformerEncoder, ctx: Context) -> stax.Layer:
     call = _encoder_call(ctx)
     padded = isinstance(call["key_padding_mask"], PaddingIds)
     net = Parts(("x", "ids") if padded else ())
+    layout = lambda first: ([("norm1", "self_attn"), ("norm2", *FEED_FORWARD)] if first.norm_first
+                            else [("self_attn",), "norm1", FEED_FORWARD, "norm2"])
+    return stack(module, ctx, net, lambda layer, sub: encoder_parts(layer, sub, call), layout)
+
+
+def stack(module: nn.Module, ctx: Context, net: Parts, parts_of, layout_of) -> stax.Layer:
+    """The network of an encoder's or decoder's layers (``parts_of(layer, ctx)``: a layer's
+    :class:`Parts`) and final norm, reading ``net``'s inputs (every layer reads the first, and
+    the others as they are: the token ids, or the memory); the kernel of torch's copies of one
+    layer where they hold equal weights (``layout_of(first layer)``: see :func:`tied_layers`)."""
     h, bodies = net.inputs_of[0], []
     for j, layer in enumerate(module.layers):
         name = f"layers.{j}"
         sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options)
         check_layout(layer.self_attn.batch_first, ctx, sub.name)
-        bodies.append((encoder_parts(layer, sub, call), sub.hyper))
-        h = net.attention(name, bodies[-1][0].network(), h)
+        bodies.append((parts_of(layer, sub), sub.hyper))
+        h = net.add(name, bodies[-1][0].network(), h, *net.inputs_of[1:])
         ctx.hyper.update({f"{name}.{k}": v for k, v in sub.hyper.items()})
     if module.norm is not None:
         net.add("norm", sub_layer(module.norm, "norm", ctx), h)
@@ -150,11 +162,12 @@ def _encoder(module: nn.TransformerEncoder, ctx: Context) -> stax.Layer:
     ctx.hyper["shared_weights"] = shared = shares_weights(module, ctx)
     if not shared:
         return network
-    return tied_layers(module.layers[0], net, bodies, network)
+    first = module.layers[0]
+    return tied_layers(first, net, bodies, network, layout_of(first))
 
 
-def shares_weights(module: nn.TransformerEncoder, ctx: Context) -> bool:
-    """Whether the encoder's layers hold one set of weights, as torch's deep copies of one layer
+def shares_weights(module: nn.Module, ctx: Context) -> bool:
+    """Whether the stack's layers hold one set of weights, as torch's deep copies of one layer
     do until trained (``shared_weights="auto"``): every parameter of every layer equal to the first
     layer's. Layers whose random weights all differ are independent; a mix is refused. In an
     ``nn.Transformer``, which re-draws every weight matrix, the layers are independent (their
@@ -165,36 +178,38 @@ def shares_weights(module: nn.TransformerEncoder, ctx: Context) -> bool:
     same = copies(module.layers)
     if len(same) > 1:
         raise UnsupportedLayerError(
-            f"{ctx.name or 'the model'} (TransformerEncoder): some of its layers' weights equal "
+            f"{ctx.name or 'the model'} ({type(module).__name__}): some of its layers' weights equal "
             f"the first layer's and some do not, so neither the kernel of layers sharing weights "
             f"(torch's clones, before training) nor that of independent layers is this model's. "
             f"Pass shared_weights='independent' for the latter, or re-initialise every layer.")
     return same == {True}
 
 
-def tied_layers(first: nn.TransformerEncoderLayer, net: Parts, bodies: list,
-                network: stax.Layer) -> stax.Layer:
-    """``network`` of encoder layers sharing their weights (:mod:`ntbridge.stax.tied`)."""
+def tied_layers(first: nn.Module, net: Parts, bodies: list, network: stax.Layer,
+                layout: list[tuple[str, ...] | str]) -> stax.Layer:
+    """``network`` of encoder or decoder layers sharing their weights
+    (:mod:`ntbridge.stax.tied`); ``layout``: one layer's steps, each the names of its parts in a
+    residual branch (a tuple) or of a post-norm LayerNorm (a string)."""
     (body, hyper), index = bodies[0], {name: i for i, (name, _) in enumerate(net.parts)}
     values = lambda h: repr({k: as_float(v) if isinstance(v, torch.Tensor) else v
                              for k, v in h.items()})
     for _, other in bodies[1:]:
         if values(other) != values(hyper):
             raise UnsupportedLayerError(
-                f"the layers of a TransformerEncoder share their weights, so they share their "
-                f"variances too, but W_std/b_std give them different ones ({hyper} and {other}); "
-                f"give every layer the same, or pass shared_weights='independent'.")
+                f"the layers of a stack of {type(first).__name__}s share their weights, so they "
+                f"share their variances too, but W_std/b_std give them different ones ({hyper} "
+                f"and {other}); give every layer the same, or pass shared_weights='independent'.")
     at = index["layers.0"]
-    parts = {name: (i, layer, len(body.inputs[i]) == 2)  # the layers reading (h, ids)
+    parts = {name: (i, layer, len(body.inputs[i]) == 2)  # the layers reading (h, ids or memory)
              for i, (name, layer) in enumerate(body.parts)}
 
     def branch(names: tuple[str, ...]) -> Branch:
         used = tuple(parts[name] for name in names)
 
-        def rule(k, ids, stack_hyper):
-            for i, layer, with_ids in used:
+        def rule(k, other, stack_hyper):
+            for i, layer, with_other in used:
                 fn = stax.with_hyper(layer, stack_hyper[at][i])
-                k = fn((k, ids)) if with_ids else fn(k)
+                k = fn((k, other)) if with_other else fn(k)
             return k
         return Branch(rule)
 
@@ -205,9 +220,7 @@ def tied_layers(first: nn.TransformerEncoderLayer, net: Parts, bodies: list,
                                         f"kernel rule (use ntbridge.empirical_ntk).")
         return Norm(getattr(first, name).eps, weight, bias)
 
-    ff = ("linear1", "activation", "dropout", "linear2")
-    steps = ([branch(("norm1", "self_attn")), branch(("norm2", *ff))] if first.norm_first else
-             [branch(("self_attn",)), norm("norm1"), branch(ff), norm("norm2")])
+    steps = [norm(step) if isinstance(step, str) else branch(step) for step in layout]
 
     last = index.get("norm")
     final = None if last is None else net.parts[last][1]

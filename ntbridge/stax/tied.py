@@ -1,6 +1,6 @@
-"""Layers that start from one set of weights: ``nn.TransformerEncoder``'s layers, which torch
-deep-copies from one layer, so that at initialisation they hold equal weights (distinct
-parameters, which training then moves apart).
+"""Layers that start from one set of weights: ``nn.TransformerEncoder``'s and
+``nn.TransformerDecoder``'s layers, which torch deep-copies from one layer, so that at
+initialisation they hold equal weights (distinct parameters, which training then moves apart).
 
 Why the kernel differs from that of independent layers: a weight matrix ``W`` used at depths
 ``i`` and ``j`` makes pre-activations ``W h_i`` and ``W h_j`` that are jointly Gaussian in the
@@ -26,6 +26,10 @@ copies' own part (what each rule adds at zero incoming NTK; the rules are affine
 out. A LayerNorm's scale moves its tangent by a vanishing amount; its weight and bias add a
 tangent of their own, per copy.
 
+A decoder's cross-attention is a branch too: its memory, the same at every depth, is read by
+the copies' shared key and value weights, so its rule on a pair of depths takes the memory's
+kernel on both sides (and an example's memory with itself for that example's own covariance).
+
 So the rule keeps, for every pair of sources of one branch, their NNGP and NTK between x1 and x2
 and each example's own covariance across depths, and the streams as coefficients over the
 sources. Cost: about ``depth`` times the branches' rules of independent layers.
@@ -42,7 +46,9 @@ from ..errors import UnsupportedLayerError
 from .kernel import Kernel, spatial_diagonal
 from .layers import Layer
 
-# A branch's kernel rule: (pair kernel, kernel of the token ids or None, the body's hyper) -> Kernel
+# A branch's kernel rule: (pair kernel, the stack's other input's kernel or None, the body's
+# hyper) -> Kernel. The other input is the same at every depth: the token ids of an encoder's
+# key padding mask, or a decoder's memory.
 BranchRule = Callable[[Kernel, Kernel | None, tuple], Kernel]
 
 
@@ -113,57 +119,71 @@ def _pair(k: Kernel, store: _Store, a: _Form, b: _Form, symmetric: bool) -> Kern
                      cov2=store.own_cov(b, b, 1), x1_is_x2=symmetric)
 
 
-def _own_pairs(rule, k: Kernel, ids: Kernel | None, store: _Store, a: _Form, b: _Form,
+def _alone(k: Kernel, side: int, c, ca, cb) -> Kernel:
+    """``k`` of one example (of x1 or x2: ``side``) paired with itself: covariances ``c`` between
+    the two members of the pair and ``ca``, ``cb`` of each, without NTK."""
+    shape = (1, *(k.shape1, k.shape2)[side][1:])
+    return k.replace(nngp=c[None, None], ntk=None, cov1=ca[None], cov2=cb[None], shape1=shape,
+                     shape2=shape, x1_is_x2=False, ids1=None, ids2=None)
+
+
+def _own_pairs(rule, k: Kernel, other: Kernel | None, store: _Store, a: _Form, b: _Form,
                side: int, hyper):
     """Each example's covariance of the branch's outputs at the depths of ``a`` and ``b``
-    ``(N, T, T)``: the branch's rule on the pair (example at one depth, itself at the other)."""
+    ``(N, T, T)``: the branch's rule on the pair (example at one depth, itself at the other),
+    with the stack's other input of that example (its token ids, or its memory)."""
     cross = store.own_cov(a, b, side)
     va, vb = store.own_cov(a, a, side), store.own_cov(b, b, side)
-    shape = (1, *(k.shape1, k.shape2)[side][1:])
-    example_ids = None if ids is None else (ids.ids1, ids.ids2)[side]
+    if other is None:
+        per_example, of = cross[:, :0], lambda e: None
+    elif other.ids1 is not None:
+        per_example = (other.ids1, other.ids2)[side]
+        of = lambda i: other.replace(ids1=i[None], ids2=i[None])
+    else:  # the memory, the same at both depths: its own covariance on both sides
+        per_example = (other.cov1, other.cov2)[side]
+        of = lambda c: _alone(other, side, c, c, c)
 
-    def one(c, ca, cb, i):
-        pair = k.replace(nngp=c[None, None], ntk=None, cov1=ca[None], cov2=cb[None], shape1=shape,
-                         shape2=shape, x1_is_x2=False, ids1=None, ids2=None)
-        ids_pair = None if ids is None else ids.replace(ids1=i[None], ids2=i[None])
-        return rule(pair, ids_pair, hyper).nngp[0, 0]
+    def one(c, ca, cb, e):
+        return rule(_alone(k, side, c, ca, cb), of(e), hyper).nngp[0, 0]
 
-    if example_ids is None:
-        return jax.vmap(lambda c, ca, cb: one(c, ca, cb, None))(cross, va, vb)
-    return jax.vmap(one)(cross, va, vb, example_ids)
+    return jax.vmap(one)(cross, va, vb, per_example)
 
 
-def _across(rule: BranchRule, k: Kernel, ids, store: _Store, a: _Form, b: _Form, hyper):
+def _across(rule: BranchRule, k: Kernel, other, store: _Store, a: _Form, b: _Form, hyper):
     """The NNGP and NTK of a branch's outputs at two depths: stream ``a`` on x1, ``b`` on x2. The
     copies' parameters are distinct, so their own part of the NTK (the rule's at zero incoming
-    NTK) is left out: the rules are affine in the incoming NTK, whose linear part is the rule's
-    derivative along it (one pass, the NNGP's expectations shared)."""
+    NTKs) is left out: the rules are affine in the incoming NTKs (the stream's, and a decoder's
+    memory's, whose parameters every depth shares), whose linear part is the rule's derivative
+    along them (one pass, the NNGP's expectations shared)."""
     pair = _pair(k, store, a, b, False)
     if pair.ntk is None:
-        return rule(pair, ids, hyper).nngp, None
+        return rule(pair, other, hyper).nngp, None
+    tangents = (pair.ntk, None if other is None else other.ntk)
 
-    def kernels(ntk):
-        out = rule(pair.replace(ntk=ntk), ids, hyper)
+    def kernels(ntks):
+        given = None if other is None else other.replace(ntk=ntks[1])
+        out = rule(pair.replace(ntk=ntks[0]), given, hyper)
         return out.nngp, out.ntk
 
-    (nngp, _), (_, ntk) = jax.jvp(kernels, (jnp.zeros_like(pair.ntk),), (pair.ntk,))
+    zeros = jax.tree.map(jnp.zeros_like, tangents)
+    (nngp, _), (_, ntk) = jax.jvp(kernels, (zeros,), (tangents,))
     return nngp, ntk
 
 
-def _branch(step: int, depth: int, rule: BranchRule, k, ids, store: _Store, inputs: list,
+def _branch(step: int, depth: int, rule: BranchRule, k, other, store: _Store, inputs: list,
             hyper) -> None:
     """Add the sources ``(step, depth)`` of a branch whose inputs at each depth are ``inputs``."""
     new, here = (step, depth), inputs[depth]
-    out = rule(_pair(k, store, here, here, k.x1_is_x2), ids, hyper)
+    out = rule(_pair(k, store, here, here, k.x1_is_x2), other, hyper)
     store.cross[new, new] = (out.nngp, out.ntk)
     store.own[0][new, new], store.own[1][new, new] = out.cov1, out.cov2
     for i in range(depth):
         old, there = (step, i), inputs[i]
-        store.cross[new, old] = _across(rule, k, ids, store, here, there, hyper)
+        store.cross[new, old] = _across(rule, k, other, store, here, there, hyper)
         store.cross[old, new] = (tuple(map(_swap, store.cross[new, old])) if k.x1_is_x2 else
-                                 _across(rule, k, ids, store, there, here, hyper))
+                                 _across(rule, k, other, store, there, here, hyper))
         for side in (0, 1):
-            own = _own_pairs(rule, k, ids, store, here, there, side, hyper)
+            own = _own_pairs(rule, k, other, store, here, there, side, hyper)
             store.own[side][new, old] = own
             store.own[side][old, new] = jnp.swapaxes(own, -1, -2)
         if k.x1_is_x2:
@@ -195,10 +215,11 @@ def _tangents(step: int, depth: int, norm: Norm, store: _Store, unit: _Form) -> 
 
 def tied_stack_rule(steps: Sequence[Step], depth: int):
     """The kernel rule of ``depth`` applications of a residual block of ``steps`` sharing its
-    weights (module doc); ``kernel_fn((k, ids) or k, body_hyper)``."""
+    weights (module doc); ``kernel_fn((k, other) or k, body_hyper)``, ``other`` the kernel of the
+    stack's other input (token ids, or a decoder's memory)."""
 
     def kernel_fn(k, hyper) -> Kernel:
-        k, ids = k if isinstance(k, tuple) else (k, None)
+        k, other = k if isinstance(k, tuple) else (k, None)
         if not k.tokens or k.diagonal_spatial:
             raise UnsupportedLayerError("layers sharing weights need sequences (N, T, d) and the "
                                         "covariance of every pair of tokens.")
@@ -210,7 +231,7 @@ def tied_stack_rule(steps: Sequence[Step], depth: int):
             for s, step in enumerate(steps):
                 if isinstance(step, Branch):
                     seen[s].append(form)
-                    _branch(s, d, step.rule, k, ids, store, seen[s], hyper)
+                    _branch(s, d, step.rule, k, other, store, seen[s], hyper)
                     form = _plus(form, (s, d), k)
                     continue
                 if not k.is_gaussian:
