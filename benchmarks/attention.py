@@ -16,8 +16,8 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
   StableHLO artifact, as ``first_call.py`` makes it) compiled by its jaxlib 0.4.23 and by the XLA
   ntbridge runs on, beside ntbridge's compilations in its first call;
 * ``sandwich``: ``a1[n] c[n, m] a2[m]^T`` (what the linear-scaling layer computes) as
-  ``stax.attention_rule.sandwich``'s batched matrix products against ``2 T`` broadcast products fused
-  by XLA, each form in the program of the pair network's analytic kernel (N = 128, in
+  ``stax.attention_rule.sandwich``'s batched matrix products against ``2 T`` broadcast
+  products fused by XLA, each form in the program of the pair network's analytic kernel (N = 128, in
   the blocks CPUs compute kernels in), called alternately, per ``T``, float64 and float32;
 * ``width sweep``: ``ntbridge.analysis.width_sweep`` of a 2-layer encoder (Embedding + positions,
   mean pooling, Linear) whose heads grow as ``sqrt(width)``: the NTK's relative error per width

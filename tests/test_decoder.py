@@ -41,7 +41,8 @@ class Seq2Seq(nn.Module):
         super().__init__()
         self.es, self.et = nn.Linear(5, D), nn.Linear(5, D)
         self.tr = nn.Transformer(D, 2, 2, 2, 32, dropout=0.0, batch_first=True)
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(4))  # tgt: 4 tokens
+        # the target (the pair's second sequence) has 4 tokens
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(4))
 
     def forward(self, src, tgt):
         return self.tr(self.es(src), self.et(tgt), tgt_mask=self.mask, tgt_is_causal=True)

@@ -81,8 +81,8 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
         qualified module names (as in ``model.named_modules()``) to floats; scalar torch tensors
         work as floats, and the analytic kernels are differentiable in those that require grad.
       attention: ``"softmax"`` (torch's attention, logits ``q k / sqrt(d)``: the kernel's
-        expectation is computed numerically, ``ntbridge.stax.attention_rule``) or ``"linear"`` (Neural
-        Tangents' closed-form variant: keys tied to queries, logits ``q q / d``).
+        expectation is computed numerically, ``ntbridge.stax.attention_rule``) or ``"linear"``
+        (Neural Tangents' closed-form variant: keys tied to queries, logits ``q q / d``).
       attention_points: the points of each of the 8 replicates of softmax attention's numerical
         expectation (a power of 2): its error falls about as ``points**-1/2`` and its time grows
         as ``points`` (``ntbridge.expectation_error`` reports the error).

@@ -3,9 +3,9 @@
 ``forward(src, tgt)`` encodes ``src`` into the memory); and the pair's inputs.
 
 A decoder layer is one stax network, as an encoder layer (:mod:`.encoder`), with a
-cross-attention block between self-attention and the feed-forward block: post-norm ``x =
-norm1(x + sa(x)); x = norm2(x + mha(x, memory)); x = norm3(x + ff(x))``, or pre-norm (``norm_first``)
-``x = x + sa(norm1(x)); x = x + mha(norm2(x), memory); x = x + ff(norm3(x))``. Its cross-attention
+cross-attention block between self-attention and the feed-forward block: post-norm
+``x = norm1(x + sa(x)); x = norm2(x + mha(x, memory)); x = norm3(x + ff(x))``, or pre-norm
+(``norm_first``) ``x = x + sa(norm1(x)); x = x + mha(norm2(x), memory); x = x + ff(norm3(x))``. Its cross-attention
 is :func:`~ntbridge.stax.CrossAttention`. The kernels take the pairs as ``x1=(tgt, memory)``
 (``(src, tgt)`` for ``nn.Transformer``, as its forward), packed into one tensor by
 :func:`~.sequence_pair.pack_sequences` and read back by :class:`~.sequence_pair.PairPart`.
@@ -24,6 +24,7 @@ from ..errors import UnsupportedLayerError
 from .attention import check_layout
 from .encoder import FEED_FORWARD, Parts, stack, sub_layer
 from .registry import Context, register
+
 
 def _calls(call: dict | None) -> tuple[dict, dict]:
     """The self-attention's and the cross-attention's calls from a decoder's traced call."""

@@ -178,7 +178,8 @@ def shares_weights(module: nn.Module, ctx: Context) -> bool:
     same = copies(module.layers)
     if len(same) > 1:
         raise UnsupportedLayerError(
-            f"{ctx.name or 'the model'} ({type(module).__name__}): some of its layers' weights equal "
+            f"{ctx.name or 'the model'} ({type(module).__name__}): some of its layers' weights "
+            f"equal "
             f"the first layer's and some do not, so neither the kernel of layers sharing weights "
             f"(torch's clones, before training) nor that of independent layers is this model's. "
             f"Pass shared_weights='independent' for the latter, or re-initialise every layer.")

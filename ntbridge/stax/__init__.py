@@ -30,16 +30,16 @@ from .sequence_pair import SequencePair, pack_pair
 from .softmax_moments import Rule
 from .transpose import ConvTranspose
 
-__all__ = ["ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate", "Chunk",
-           "AvgPool", "BatchNorm", "ChannelMoments", "Conv", "ConvTranspose", "Cos", "CrossAttention",
-           "Dense", "Dropout", "Embedding", "Erf", "Exp", "FanInConcat", "FanInProd",
-           "FanInStack", "FanInSum", "FanOut", "Flatten", "Gelu", "INPUT",
-           "Identity", "Index", "InputAggregate", "NodesFirstAggregate", "GeometricFeatures", "MessagePassing",
-           "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
-           "NodeFeatures", "Numerical", "Outer", "PARAMETERIZATIONS", "Pick", "Piece", "Pieces", "PixelShuffle",
-           "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu", "RMSNorm",
-           "RotaryAttention", "Row", "Rule",
-           "Scale", "SelfAttention", "SequencePair", "Sign", "Sin", "Stds", "SwapLast", "Token", "TokenMean",
-           "TokenSelect", "Unflatten", "Unsqueeze", "Upsample", "ab_relu_rule", "dag",
-           "elementwise", "features_last_kernel", "input_kernel", "pack_pair", "parallel", "sequence_kernel",
-           "serial", "with_hyper"]
+__all__ = ["ab_relu_rule", "ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
+           "AvgPool", "BatchNorm", "ChannelMoments", "Chunk", "Conv", "ConvTranspose", "Cos",
+           "CrossAttention", "dag", "Dense", "Dropout", "elementwise", "Embedding", "Erf", "Exp",
+           "FanInConcat", "FanInProd", "FanInStack", "FanInSum", "FanOut", "features_last_kernel",
+           "Flatten", "Gelu", "GeometricFeatures", "Identity", "Index", "INPUT", "input_kernel",
+           "InputAggregate", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",
+           "MessagePassing", "NodeFeatures", "NodesFirstAggregate", "Numerical", "Outer",
+           "pack_pair", "parallel", "PARAMETERIZATIONS", "Pick", "Piece", "Pieces",
+           "PixelShuffle", "PixelUnshuffle", "Positions", "RectifiedMonomial", "Reduce", "Relu",
+           "RMSNorm", "RotaryAttention", "Row", "Rule", "Scale", "SelfAttention",
+           "sequence_kernel", "SequencePair", "serial", "Sign", "Sin", "Stds", "SwapLast",
+           "Token", "TokenMean", "TokenSelect", "Unflatten", "Unsqueeze", "Upsample",
+           "with_hyper"]
