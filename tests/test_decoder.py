@@ -87,6 +87,7 @@ def test_the_converted_forward_is_the_models(name):
     np.testing.assert_allclose(np.asarray(y), model(x, memory).detach().numpy(), atol=1e-12)
 
 
+@pytest.mark.slow
 def test_cross_attention_on_one_sequence_is_self_attention():
     # memory = x: the rule reads the same kernel for queries and for keys and values, as
     # self-attention's, up to rounding (float64, a causal mask, biases, NTK parameterization)
@@ -144,6 +145,7 @@ def test_cloned_decoder_layers_match_fresh_wide_models(norm_first):
     assert worst["auto"] < 5 < worst["independent"], worst
 
 
+@pytest.mark.slow
 def test_the_empirical_ntk_is_torch_funcs():
     torch.manual_seed(0)
     model = Decoder().double().eval()
@@ -156,6 +158,7 @@ def test_the_empirical_ntk_is_torch_funcs():
                                rtol=1e-8, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_the_kernels_of_a_pair():
     torch.manual_seed(0)
     model = Decoder().double().eval()
