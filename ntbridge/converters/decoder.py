@@ -5,10 +5,11 @@
 A decoder layer is one stax network, as an encoder layer (:mod:`.encoder`), with a
 cross-attention block between self-attention and the feed-forward block: post-norm
 ``x = norm1(x + sa(x)); x = norm2(x + mha(x, memory)); x = norm3(x + ff(x))``, or pre-norm
-(``norm_first``) ``x = x + sa(norm1(x)); x = x + mha(norm2(x), memory); x = x + ff(norm3(x))``. Its cross-attention
-is :func:`~ntbridge.stax.CrossAttention`. The kernels take the pairs as ``x1=(tgt, memory)``
-(``(src, tgt)`` for ``nn.Transformer``, as its forward), packed into one tensor by
-:func:`~.sequence_pair.pack_sequences` and read back by :class:`~.sequence_pair.PairPart`.
+(``norm_first``) ``x = x + sa(norm1(x)); x = x + mha(norm2(x), memory); x = x + ff(norm3(x))``.
+Its cross-attention is :func:`~ntbridge.stax.CrossAttention`. The kernels take the pairs as
+``x1=(tgt, memory)`` (``(src, tgt)`` for ``nn.Transformer``, as its forward), packed into one
+tensor by :func:`~.sequence_pair.pack_sequences` and read back by
+:class:`~.sequence_pair.PairPart`.
 
 Initialisations: ``nn.Transformer`` re-draws every weight matrix of its layers from
 ``xavier_uniform_`` (``Options.xavier``); a decoder's layers that are torch's copies of one layer
@@ -46,16 +47,16 @@ def decoder_parts(module: nn.TransformerDecoderLayer, ctx: Context, call: dict |
     ca = sub_layer(module.multihead_attn, "multihead_attn", ctx, ca_call)
     norms = [sub_layer(getattr(module, f"norm{i}"), f"norm{i}", ctx) for i in (1, 2, 3)]
     net = Parts(("x", "memory"))
-    x, memory = net.inputs_of
+    x = net.inputs_of[0]
     add = lambda i, a, b: net.add(f"~add{i}", stax.FanInSum(), a, b)
     norm = lambda i, h: net.add(f"norm{i}", norms[i - 1], h)
     if module.norm_first:
         h = add(0, x, net.add("self_attn", sa, norm(1, x)))
-        h = add(1, h, net.add("multihead_attn", ca, norm(2, h), memory))
+        h = add(1, h, net.with_others("multihead_attn", ca, norm(2, h)))
         add(2, h, net.feed_forward(module, ctx, norm(3, h)))
     else:
         h = norm(1, add(0, x, net.add("self_attn", sa, x)))
-        h = norm(2, add(1, h, net.add("multihead_attn", ca, h, memory)))
+        h = norm(2, add(1, h, net.with_others("multihead_attn", ca, h)))
         norm(3, add(2, h, net.feed_forward(module, ctx, h)))
     return net
 

@@ -81,9 +81,9 @@ class Parts:
         self.inputs.append(sources)
         return len(self.parts) - 1
 
-    def attention(self, name: str, layer: stax.Layer, h: int) -> int:
-        """Add an encoder's self-attention reading ``h`` and, where the network takes them, the
-        ids."""
+    def with_others(self, name: str, layer: stax.Layer, h: int) -> int:
+        """Add a part reading ``h`` and the network's other inputs, where it takes them (the
+        token ids of an encoder's attention, a decoder's memory)."""
         return self.add(name, layer, h, *self.inputs_of[1:])
 
     def feed_forward(self, module: nn.Module, ctx: Context, h: int) -> int:
@@ -107,10 +107,10 @@ def encoder_parts(module: nn.TransformerEncoderLayer, ctx: Context, call: dict |
     add = lambda i, a, b: net.add(f"~add{i}", stax.FanInSum(), a, b)
     x = net.inputs_of[0]
     if module.norm_first:
-        h = add(0, x, net.attention("self_attn", sa, net.add("norm1", norm1, x)))
+        h = add(0, x, net.with_others("self_attn", sa, net.add("norm1", norm1, x)))
         add(1, h, net.feed_forward(module, ctx, net.add("norm2", norm2, h)))
     else:
-        h = net.add("norm1", norm1, add(0, x, net.attention("self_attn", sa, x)))
+        h = net.add("norm1", norm1, add(0, x, net.with_others("self_attn", sa, x)))
         net.add("norm2", norm2, add(1, h, net.feed_forward(module, ctx, h)))
     return net
 
@@ -154,7 +154,7 @@ def stack(module: nn.Module, ctx: Context, net: Parts, parts_of, layout_of) -> s
         sub = Context(f"{ctx.name}.{name}" if ctx.name else name, ctx.index, ctx.options)
         check_layout(layer.self_attn.batch_first, ctx, sub.name)
         bodies.append((parts_of(layer, sub), sub.hyper))
-        h = net.add(name, bodies[-1][0].network(), h, *net.inputs_of[1:])
+        h = net.with_others(name, bodies[-1][0].network(), h)
         ctx.hyper.update({f"{name}.{k}": v for k, v in sub.hyper.items()})
     if module.norm is not None:
         net.add("norm", sub_layer(module.norm, "norm", ctx), h)
@@ -179,10 +179,10 @@ def shares_weights(module: nn.Module, ctx: Context) -> bool:
     if len(same) > 1:
         raise UnsupportedLayerError(
             f"{ctx.name or 'the model'} ({type(module).__name__}): some of its layers' weights "
-            f"equal "
-            f"the first layer's and some do not, so neither the kernel of layers sharing weights "
-            f"(torch's clones, before training) nor that of independent layers is this model's. "
-            f"Pass shared_weights='independent' for the latter, or re-initialise every layer.")
+            f"equal the first layer's and some do not, so neither the kernel of layers sharing "
+            f"weights (torch's clones, before training) nor that of independent layers is this "
+            f"model's. Pass shared_weights='independent' for the latter, or re-initialise every "
+            f"layer.")
     return same == {True}
 
 

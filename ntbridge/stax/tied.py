@@ -135,18 +135,18 @@ def _own_pairs(rule, k: Kernel, other: Kernel | None, store: _Store, a: _Form, b
     cross = store.own_cov(a, b, side)
     va, vb = store.own_cov(a, a, side), store.own_cov(b, b, side)
     if other is None:
-        per_example, of = cross[:, :0], lambda e: None
+        per_example, of = (), None
     elif other.ids1 is not None:
-        per_example = (other.ids1, other.ids2)[side]
+        per_example = ((other.ids1, other.ids2)[side],)
         of = lambda i: other.replace(ids1=i[None], ids2=i[None])
     else:  # the memory, the same at both depths: its own covariance on both sides
-        per_example = (other.cov1, other.cov2)[side]
+        per_example = ((other.cov1, other.cov2)[side],)
         of = lambda c: _alone(other, side, c, c, c)
 
-    def one(c, ca, cb, e):
-        return rule(_alone(k, side, c, ca, cb), of(e), hyper).nngp[0, 0]
+    def one(c, ca, cb, *e):  # e: the example's entry of the other input, if any
+        return rule(_alone(k, side, c, ca, cb), of(*e) if e else None, hyper).nngp[0, 0]
 
-    return jax.vmap(one)(cross, va, vb, per_example)
+    return jax.vmap(one)(cross, va, vb, *per_example)
 
 
 def _across(rule: BranchRule, k: Kernel, other, store: _Store, a: _Form, b: _Form, hyper):
