@@ -2,7 +2,8 @@
 
 ``build(name, attn_implementation)`` makes one of ``NAMES`` in float64 and eval mode, seeded
 (``inputs(name, n)``: ``n`` inputs for it, token ids or images);
-:class:`FirstOutput` is the model as ntbridge reads it (its first output, for torch.func).
+:class:`FirstOutput` is the model as ntbridge reads it (its first output, for torch.func),
+:class:`Padded` the same with an ``attention_mask`` of the pads.
 """
 
 import pytest
@@ -52,6 +53,13 @@ class FirstOutput(nn.Module):
 
     def forward(self, ids):
         return self.model(ids)[0]
+
+
+class Padded(FirstOutput):
+    """The model called as on a padded batch, ``attention_mask = ids != 0`` (0: the pad)."""
+
+    def forward(self, ids):
+        return self.model(ids, attention_mask=(ids != 0).long())[0]
 
 
 def inputs(name: str, n: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ recognised form.
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import ntbridge
@@ -153,6 +154,21 @@ def test_a_padding_mask_of_the_token_ids(spelling):
     k, reference = (ntbridge.kernel(m, ids, **stds) for m in (model, Reference().double()))
     for get in ("nngp", "ntk"):
         torch.testing.assert_close(getattr(k, get), getattr(reference, get), rtol=1e-12, atol=0)
+
+
+def test_a_padding_mask_of_the_queries_is_refused():
+    class Queries(Padded):  # (ids != pad) masking the queries: not the keys' padding
+        def forward(self, ids):
+            x = self.emb(ids)
+            n, t, d = x.shape
+            q, k, v = (a.view(n, t, self.heads, -1).transpose(1, 2)
+                       for a in self.qkv(x).split(d, -1))
+            mask = (ids != self.pad)[:, None, :, None]
+            return self.out(F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                            .transpose(1, 2).reshape(n, t, d))
+
+    with pytest.raises(errors.UnsupportedLayerError, match="used other than as keys"):
+        ntbridge.convert(Queries(D, HEADS), example=torch.tensor([[3, 4, 0, 0], [5, 1, 2, 0]]))
 
 
 @pytest.mark.slow

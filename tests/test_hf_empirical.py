@@ -15,7 +15,7 @@ from ntbridge.converters.export.translator import translate
 from ntbridge.dlpack import precision, to_jax
 
 from helpers import max_relative_error
-from hf_zoo import FirstOutput, build, inputs
+from hf_zoo import FirstOutput, Padded, build, inputs
 from reference import full_ntk
 
 # Llama's RMSNorm computes in float32 whatever the model's dtype (HF's ``.to(torch.float32)``):
@@ -34,6 +34,18 @@ def test_empirical_ntk_matches_torch_func(name):
     assert k.shape == expected.shape and k.dtype == torch.float64
     assert max_relative_error(k.detach(), expected) <= TOLERANCE[name]
     assert model.config.to_dict() == config and not model.training  # the model is left as it was
+
+
+@pytest.mark.slow
+def test_a_padded_batchs_empirical_ntk_matches_torch_func():
+    # BERT called with attention_mask = ids != 0: each example's pads masked as keys
+    model = Padded(build("bert"))
+    ids1, ids2 = torch.tensor([[1, 2, 3, 0, 0], [4, 5, 6, 7, 8]]), torch.tensor([[9, 3, 0, 0, 0]])
+    k = ntbridge.empirical_ntk(model, ids1, ids2, trace_axes=(), implementation="jacobian")
+    expected = full_ntk(model, ids1, ids2, batch=True)
+    assert max_relative_error(k.detach(), expected) <= TOLERANCE["bert"]
+    unpadded = full_ntk(FirstOutput(model.model), ids1, ids2, batch=True)
+    assert max_relative_error(unpadded, expected) > 1e-3
 
 
 def test_eager_attention_translates_exactly():

@@ -1,8 +1,10 @@
 """Hugging Face models on the analytic route over torch.export graphs: tiny random GPT-2, BERT,
 ViT and Llama (attention ``"sdpa"`` and ``"eager"``), read at ``last_hidden_state`` or a pooled
-head; their converted forward is the model's own, and 1-layer GPT-2, BERT and Llama at their own
-width agree with fresh models' Monte-Carlo (NNGP and NTK)."""
+head, or called on a padded batch with its ``attention_mask``; their converted forward is the
+model's own, and 1-layer GPT-2, BERT and Llama at their own width agree with fresh models'
+Monte-Carlo (NNGP and NTK)."""
 
+import warnings
 from functools import partial
 
 import numpy as np
@@ -12,7 +14,9 @@ from torch import nn
 
 import ntbridge
 from ntbridge.dlpack import precision, to_jax
+from ntbridge.errors import InitMismatchWarning
 
+from hf_zoo import Padded
 from montecarlo import fresh_kernels, standard_error, z_scores
 
 transformers = pytest.importorskip("transformers")
@@ -69,6 +73,7 @@ class Pooled(Hidden):
         return self.model(x).pooler_output
 
 
+PADDED = torch.tensor([[1, 2, 3, 0], [3, 5, 6, 1], [7, 7, 0, 0]])  # right-padded with 0
 IMAGES = torch.randn(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
 MODELS = {f"{name}, {attention}": (build, attention, x)
           for name, build, x in (("GPT-2", gpt2, IDS), ("BERT", bert, IDS), ("ViT", vit, IMAGES),
@@ -98,6 +103,22 @@ def test_the_converted_forward_is_the_models(name):
     np.testing.assert_allclose(y, model(x).last_hidden_state.detach().numpy(), atol=tolerance)
 
 
+@pytest.mark.parametrize("name", ["GPT-2, sdpa", "GPT-2, eager", "BERT, sdpa", "Llama, eager"])
+def test_a_padded_batchs_attention_mask_is_each_examples_key_padding(name):
+    # Hugging Face's mask from attention_mask (index by example and key, & the causal mask, as
+    # SDPA's boolean attn_mask or eager's additive one) is the keys' padding of each example
+    build, attention, _ = MODELS[name]
+    torch.manual_seed(0)
+    model = Padded(build(attention=attention)).double()
+    graph, y = _forward(model, PADDED)
+    attention = next(n.module for n in graph.layers if "Attention" in type(n.module).__name__)
+    assert attention.padding == 0
+    tolerance = 1e-6 if name.startswith("Llama") else 1e-12
+    expected = model(PADDED).detach().numpy()
+    np.testing.assert_allclose(y, expected, atol=tolerance)
+    assert np.abs(expected - Hidden(model.model)(PADDED).detach().numpy()).max() > 1e-3
+
+
 def test_a_pooled_head_and_one_graph_for_both_attentions():
     torch.manual_seed(0)
     model = Pooled(bert(pool=True)).double()
@@ -124,6 +145,18 @@ def test_the_default_init_is_hugging_faces_own():
     model = gpt2(layers=2).double()
     default, read = ntbridge.nngp(model, IDS[:2]), ntbridge.nngp(model, IDS[:2], init="infer")
     torch.testing.assert_close(default, read, rtol=1e-12, atol=0)
+    # in a model of the user's wrapping one, the library's init holds for its modules alone
+    wrapper = nn.Sequential()
+    wrapper.bert, wrapper.head = Hidden(bert()), nn.Linear(32, 3)
+    graph = ntbridge.convert(wrapper, example=IDS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InitMismatchWarning)
+        graph.check_init()
+    layers = {n.name: n.hyper for n in graph.layers}
+    assert layers["bert.model.embeddings.word_embeddings"]["W_std"] == 0.02
+    dense = layers["bert.model.encoder.layer.0.output.dense"]  # fan_in 64
+    assert dense["W_std"] == pytest.approx(0.02 * 64 ** 0.5)
+    assert layers["head"]["W_std"] == pytest.approx(3 ** -0.5)
 
 
 def test_llamas_parts_are_recognised():
@@ -142,18 +175,21 @@ def test_llamas_parts_are_recognised():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("build", [lambda: gpt2(128), lambda: bert(128, "eager"),
-                                   lambda: llama(128), lambda: llama(128, family="Qwen2")],
-                         ids=["GPT-2", "BERT", "Llama", "Qwen2"])
-def test_one_layer_models_match_fresh_wide_models(build):
+@pytest.mark.parametrize("build, x", [(lambda: Hidden(gpt2(128)), IDS),
+                                      (lambda: Padded(bert(128, "eager")), PADDED),
+                                      (lambda: Padded(llama(128)), PADDED),
+                                      (lambda: Hidden(llama(128, family="Qwen2")), IDS)],
+                         ids=["GPT-2", "BERT, padded", "Llama, padded", "Qwen2"])
+def test_one_layer_models_match_fresh_wide_models(build, x):
     # 128 channels in 4 heads, as Hugging Face initialises them: the mean of 48 fresh models'
-    # empirical NNGP and NTK within 5 standard errors of the kernel at the variances read from
-    # another fresh model (init="infer": Hugging Face's normal(0, initializer_range), zero biases,
-    # LayerNorm 1 and 0); the attention rule's own error (~1e-4 here) is left out, which only
+    # empirical NNGP and NTK within 5 standard errors of the kernel at the default init
+    # (Hugging Face's normal(0, initializer_range), zero biases, LayerNorm 1 and 0; GPT-2's own
+    # init read from another fresh model); BERT and Llama called on a padded batch with its
+    # attention_mask; the attention rule's own error (~1e-4 here) is left out, which only
     # tightens the test
-    nngps, ntks = fresh_kernels(lambda: Hidden(build()), IDS, 48, seed=100)
+    nngps, ntks = fresh_kernels(build, x, 48, seed=100)
     torch.manual_seed(99)
-    k = ntbridge.kernel(Hidden(build()).double(), IDS, init="infer")
+    k = ntbridge.kernel(build().double(), x)
     for get, samples in (("nngp", nngps), ("ntk", ntks)):
         exact = getattr(k, get)
         assert standard_error(samples).max() < 0.05 * exact.abs().max(), get

@@ -24,7 +24,7 @@ from . import (activations, aggregation, attention, conv, decoder, embedding,  #
 from .sequence_pair import PairPart, pair_features
 from .export.analytic import export_nodes
 from .graph import Graph, Node, make_node
-from .huggingface import init_std, is_pretrained
+from .huggingface import library_inits
 from .registry import (ATTENTION_POINTS, EXPECTATION_POINTS, Options, StdOption, as_float,
                        find_converter)
 from .reuse import check_reuse, children
@@ -73,8 +73,9 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
         ``"ntk"`` (the width-independent NTK limit).
       init: ``"torch"`` (the variance of torch's default init of each module; the analytic kernel
         warns with ``InitMismatchWarning`` if the weights clearly do not follow it; a Hugging Face
-        model's modules as the library initialises them, ``N(0, initializer_range**2)`` weights
-        and zero biases, or read from the values where the model has its own ``_init_weights``;
+        model's modules, the model given or one a module of it wraps, as the library initialises
+        them, ``N(0, initializer_range**2)`` weights and zero biases, or read from the values
+        where the model has its own ``_init_weights``;
         an ``nn.Transformer``'s weight matrices as its ``xavier_uniform_``)
         or ``"infer"`` (read from the current weights).
       W_std, b_std: explicit standard deviations, a float for every layer or a mapping from
@@ -106,12 +107,12 @@ def convert(model: nn.Module, *, parameterization: str = "standard", init: str =
     """
     check_module(model)
     _check_uniform(model)
-    library_std = init_std(model) if init == "torch" else None
-    if init == "torch" and library_std is None and is_pretrained(model):
-        init = "infer"  # a Hugging Face model initialised its own way: read the values
+    library = library_inits(model) if init == "torch" else ()
+    if library is None:
+        init, library = "infer", ()  # a Hugging Face model initialised its own way: read values
     xavier = tuple(name for name, m in model.named_modules() if isinstance(m, nn.Transformer))
     options = Options(parameterization, init, W_std, b_std, attention, attention_points,
-                      shared_weights, expectation_points, library_std, xavier)
+                      shared_weights, expectation_points, library, xavier)
     leaves = list(_leaves(model))
     if any(_is_user_container(module) for _, module in leaves):
         nodes = _traced(model, options, example)

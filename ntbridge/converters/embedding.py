@@ -19,7 +19,7 @@ def _embedding(module: nn.Embedding, ctx: Context) -> stax.Layer:
                                     "the analytic kernel has no rule for it (drop max_norm).")
     o = ctx.options
     std = _rows_rms(module) if o.init != "torch" else (  # torch's init: N(0, 1)
-        1.0 if o.library_std is None else o.library_std)
+        1.0 if ctx.library_std is None else ctx.library_std)
     explicit = o.explicit(o.W_std, ctx.name)
     std = std if explicit is None else float(explicit)
     ctx.hyper = {"W_std": std}

@@ -67,3 +67,16 @@ def init_std(model: nn.Module) -> float | None:
             return float(getattr(config, name) or 0.02) if name == "initializer_range" else \
                 float(getattr(config, name))
     return 0.02
+
+
+def library_inits(model: nn.Module) -> tuple[tuple[str, float], ...] | None:
+    """The Hugging Face models in ``model`` (itself, or modules of a model wrapping them; the
+    outermost of nested ones) as ``(qualified name, std)`` pairs, ``std`` the one their weights
+    are drawn with (:func:`init_std`); None if one of them initialises its own way (its weights
+    are then read from their values)."""
+    outer: list[str] = []
+    for name, module in model.named_modules():
+        if is_pretrained(module) and not any(p == "" or name.startswith(p + ".") for p in outer):
+            outer.append(name)
+    stds = [init_std(model.get_submodule(name)) for name in outer]
+    return None if None in stds else tuple(zip(outer, stds))

@@ -69,14 +69,14 @@ class LearnedToken(nn.Module):
 
 def _std(module: AddPositions | LearnedToken, ctx: Context) -> float:
     """The standard deviation of the module's parameter's entries: the explicit ``W_std``, that
-    of its module's init (torch's, or a library's: ``Options.library_std``), or (a bare parameter
+    of its module's init (torch's, or a library's: ``Context.library_std``), or (a bare parameter
     has no default init) read from the values."""
     o = ctx.options
     explicit = o.explicit(o.W_std, ctx.name)
     if explicit is not None:
         std = float(explicit)
     elif module.init_std is not None and o.init == "torch":  # an nn.Embedding's rows: as it is drawn
-        std = module.init_std if o.library_std is None else o.library_std
+        std = module.init_std if ctx.library_std is None else ctx.library_std
     else:
         std = rms(getattr(module, module.name))
     ctx.hyper = {"W_std": std}

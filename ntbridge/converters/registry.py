@@ -115,7 +115,7 @@ class Options:
     attention_points: int = ATTENTION_POINTS
     shared_weights: str = "auto"
     expectation_points: int = EXPECTATION_POINTS
-    library_std: float | None = None  # init="torch" of a library drawing N(0, std**2) weights
+    library: tuple[tuple[str, float], ...] = ()  # (module, std): a library's N(0, std**2) init
     xavier: tuple[str, ...] = ()  # nn.Transformer modules, whose matrices are xavier_uniform_
     used_names: set = dataclasses.field(default_factory=set)
 
@@ -178,6 +178,17 @@ class Context:
         matrix of its layers from ``xavier_uniform_`` (``init="torch"`` reads them so)."""
         return any(p == "" or self.name.startswith(p + ".") for p in self.options.xavier)
 
+    @property
+    def library_std(self) -> float | None:
+        """With ``init="torch"``, the standard deviation of the normal distribution the library
+        model holding this module draws its weights from (Hugging Face's ``initializer_range``,
+        :data:`Options.library`); None outside such a model, or with another ``init``."""
+        if self.options.init != "torch":
+            return None
+        inside = [(len(p), std) for p, std in self.options.library
+                  if p == "" or self.name == p or self.name.startswith(p + ".")]
+        return max(inside)[1] if inside else None
+
     def affine(self, fan_in: int, weight: torch.Tensor, bias: torch.Tensor | None) -> dict:
         """Keyword arguments ``W_std, b_std, distribution, parameterization`` of an affine layer.
 
@@ -196,10 +207,10 @@ class Context:
         :func:`init_mismatch`.
         """
         o = self.options
-        library = o.init == "torch" and o.library_std is not None
+        library = self.library_std is not None
         xavier = o.init == "torch" and self.in_transformer
         if library:  # e.g. Hugging Face's normal(0, initializer_range), zero biases
-            W_std, b_std = o.library_std * fan_in ** 0.5, 0.0
+            W_std, b_std = self.library_std * fan_in ** 0.5, 0.0
         elif o.init == "torch":
             W_std, b_std = 3 ** -0.5, (3 * fan_in) ** -0.5
             if xavier:  # U(-a, a), a**2 = 6 / (fan_in + fan_out); biases as torch's default

@@ -33,13 +33,11 @@ from ..registry import Options
 from .heads import HEAD_VALUES, Mixed, attention, head_op
 from .norms import Normed, norm_op
 from .operations import HANDLERS
+from .padding import padding_op
 from .pointwise import Pointwise, module_of, pointwise
 from .standins import ExportedAffine
 from .translator import _where, cache_key, export
-from .values import Const, Padding, Param, Proj, Rows, Seq, dims
-
-
-_PADDING_VIEWS = {"unsqueeze", "view", "reshape", "slice", "expand", "to", "_to_copy", "alias"}
+from .values import Const, Param, Proj, Rows, Seq, dims
 
 
 class _Walk:
@@ -156,7 +154,7 @@ def _call(walk: _Walk, node: fx.Node):
         return Const(walk.example.shape[0] if args[1] == 0 else dims(node.args[0])[args[1]])
     if name.startswith("_assert") or name.startswith("sym_constrain"):
         return Const(None)  # checks of dtypes and sizes: nothing computed
-    if (found := _padding(name, node, args)) is not None:
+    if (found := padding_op(name, node, args)) is not None:
         return found
     if name == "getitem":
         return args[0][args[1]]
@@ -184,25 +182,6 @@ def _call(walk: _Walk, node: fx.Node):
             f"{_where(node)} computes aten.{name}, which has no kernel rule on the analytic route "
             f"over exported graphs. Its empirical kernels work: ntbridge.empirical_ntk(model, x).")
     return handler(walk, node, args, kwargs)
-
-
-def _padding(name: str, node: fx.Node, args) -> Padding | None:
-    """``ids == pad`` (or ``ids != pad``) of the model's token ids, its negation and its views
-    keeping the keys last."""
-    if name in ("eq", "ne") and len(args) == 2 and args[0] == Seq(INPUT) and \
-            isinstance(args[1], int):
-        return Padding(args[1], attend=name == "ne")
-    if args and isinstance(args[0], Padding):
-        shape = dims(node)
-        if name in ("bitwise_not", "logical_not"):
-            return Padding(args[0].id, not args[0].attend)
-        if name in _PADDING_VIEWS and all(d == 1 for d in shape[1:-1]):
-            return args[0]
-        raise UnsupportedLayerError(f"{_where(node)}: a key padding mask (ids == pad) is "
-                                    f"used other than as keys[:, None, None, :] masking the "
-                                    f"logits, or ids != pad as scaled_dot_product_attention's "
-                                    f"attn_mask.")
-    return None
 
 
 def _flat(tree):

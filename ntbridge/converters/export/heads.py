@@ -30,13 +30,13 @@ RECOGNISED = (
     ".chunk(3, -1); heads by view/reshape/unflatten to (N, T, H, d_head) and transpose(1, 2) or "
     "permute(0, 2, 1, 3) (keys and values repeated for grouped-query heads, repeat_kv); then "
     "F.scaled_dot_product_attention(q, k, v, attn_mask=a constant (T, T) mask or the keys that "
-    "may be attended, (ids != pad)[:, None, None, :], is_causal=..., "
+    "may be attended, (ids != pad)[:, None, None, :], alone or & a constant mask, is_causal=..., "
     "enable_gqa=..., scale=...) or softmax((q @ k.transpose(-2, -1)) * a constant scale with "
     "masked_fill(a constant mask, -inf) or + a constant mask, dim=-1) @ v "
     "(and a key padding mask of the model's token ids, masked_fill((ids == pad)[:, None, None, :], "
     "-inf)); "
     "the heads merged by transpose(1, 2) and reshape(N, T, d); then one output projection.")
-_FILL = -1e30  # masked entries: -inf, or the dtype's lowest number (Hugging Face's masks)
+FILL = -1e30  # masked entries: -inf, or the dtype's lowest number (Hugging Face's masks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,14 +135,14 @@ def _split(name: str, value: Proj, args, node) -> tuple | None:
                  for s, k in zip(starts, sizes))
 
 
-def _mask(mask, t: int) -> torch.Tensor | None:
+def constant_mask(mask, t: int) -> torch.Tensor | None:
     """The ``(T, T)`` keys each query may see, from a constant boolean "may see" mask or additive
     float mask that broadcasts over examples and heads; None where every key is allowed."""
     if mask is None:
         return None
     m = torch.as_tensor(mask)
-    allowed = m if m.dtype == torch.bool else m > _FILL
-    if m.dtype != torch.bool and ((m > _FILL) & (m != 0)).any():
+    allowed = m if m.dtype == torch.bool else m > FILL
+    if m.dtype != torch.bool and ((m > FILL) & (m != 0)).any():
         raise _refuse("an additive attention mask with finite values other than 0 (a bias of the "
                       "logits)")
     rows = torch.broadcast_to(allowed, (*allowed.shape[:-2], t, t)).reshape(-1, t, t)
@@ -160,23 +160,33 @@ def _logits_op(name: str, value: Logits, args, kwargs) -> Logits | None:
     if name in ("mul", "div") and number and not value.weights:
         return dataclasses.replace(value, scale=value.scale * (other if name == "mul" else 1 / other))
     if name == "masked_fill" and isinstance(other, Padding) and not value.weights:
-        if not (isinstance(args[2], (int, float)) and args[2] <= _FILL) or other.attend:
+        if not (isinstance(args[2], (int, float)) and args[2] <= FILL) or other.attend:
             raise _refuse(f"masked_fill of the logits with {args[2]!r} where "
                           f"ids {'!=' if other.attend else '=='} {other.id} (not -inf where "
                           f"ids == pad)")
-        return dataclasses.replace(value, padding=other.id)
+        return _padded(value, other)
+    if name == "add" and isinstance(other, Padding) and other.additive and not value.weights:
+        return _padded(value, other)
     if name == "masked_fill" and isinstance(other, Const) and not value.weights:
-        if not (isinstance(args[2], (int, float)) and args[2] <= _FILL):
+        if not (isinstance(args[2], (int, float)) and args[2] <= FILL):
             raise _refuse(f"masked_fill of the logits with {args[2]!r} (not -inf)")
-        return dataclasses.replace(value, allowed=both(value.allowed, _mask(~torch.as_tensor(
-            other.value).bool(), t)))
+        allowed = constant_mask(~torch.as_tensor(other.value).bool(), t)
+        return dataclasses.replace(value, allowed=both(value.allowed, allowed))
     if name == "add" and isinstance(other, Const) and not value.weights:
-        return dataclasses.replace(value, allowed=both(value.allowed, _mask(other.value, t)))
+        allowed = constant_mask(other.value, t)
+        return dataclasses.replace(value, allowed=both(value.allowed, allowed))
     if name in ("softmax", "_softmax") and args[1] in (-1, 3) and not value.weights:
         return dataclasses.replace(value, weights=True)
     if name in _SAME and value.weights:
         return value
     return None
+
+
+def _padded(value: Logits, mask: Padding) -> Logits:
+    """``value`` masked by the keys whose id is ``mask.id`` (and its constant mask)."""
+    if value.padding not in (None, mask.id):
+        raise _refuse(f"logits masked where ids == {value.padding} and where ids == {mask.id}")
+    return dataclasses.replace(value, padding=mask.id, allowed=both(value.allowed, mask.allowed))
 
 
 def _matmul(a, b) -> Logits | Mixed | None:
@@ -199,7 +209,8 @@ def _sdpa(args, kwargs) -> Mixed:
     if mask is not None and padding is None and not isinstance(mask, Const):
         raise _refuse("scaled_dot_product_attention with a mask computed from the inputs other "
                       "than (ids != pad)[:, None, None, :]")
-    allowed = None if mask is None or padding is not None else _mask(mask.value, t)
+    allowed = None if mask is None else mask.allowed if padding is not None else \
+        constant_mask(mask.value, t)
     if given.get("is_causal"):
         allowed = both(allowed, torch.ones(t, t, dtype=torch.bool).tril())
     if given.get("dropout_p", 0.0):

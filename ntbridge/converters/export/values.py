@@ -45,13 +45,17 @@ class Rows:
     ids: torch.Tensor
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Padding:
     """``ids == id`` of the model's token ids, viewed with the keys last: a key padding mask
-    (``attend``: its negation, ``ids != id``, the keys that may be attended)."""
+    (``attend``: its negation, ``ids != id``, the keys that may be attended, of which a query
+    sees only those a constant ``(T, T)`` mask ``allowed`` lets it, None: all; ``additive``: as
+    an additive mask, 0 where attended and the lowest number elsewhere). See :mod:`.padding`."""
 
     id: int
     attend: bool = False
+    allowed: torch.Tensor | None = None
+    additive: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
