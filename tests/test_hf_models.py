@@ -1,8 +1,8 @@
 """Hugging Face models on the analytic route over torch.export graphs: tiny random GPT-2, BERT,
 ViT and Llama (attention ``"sdpa"`` and ``"eager"``), read at ``last_hidden_state`` or a pooled
 head, or called on a padded batch with its ``attention_mask``; their converted forward is the
-model's own, and 1-layer GPT-2, BERT and Llama at their own width agree with fresh models'
-Monte-Carlo (NNGP and NTK)."""
+model's own, and 1-layer GPT-2, BERT, Llama, Qwen2 and ViT at their own width agree with fresh
+models' Monte-Carlo (NNGP and NTK)."""
 
 import warnings
 from functools import partial
@@ -48,9 +48,9 @@ def llama(d=32, attention="sdpa", family="Llama"):
     return getattr(transformers, f"{family}Model")(config).eval()
 
 
-def vit(attention="sdpa"):
-    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                    intermediate_size=64, image_size=8, patch_size=4,
+def vit(attention="sdpa", d=32):
+    config = transformers.ViTConfig(hidden_size=d, num_hidden_layers=1, num_attention_heads=4,
+                                    intermediate_size=2 * d, image_size=8, patch_size=4,
                                     attn_implementation=attention)
     return transformers.ViTModel(config, add_pooling_layer=False).eval()
 
@@ -178,13 +178,14 @@ def test_llamas_parts_are_recognised():
 @pytest.mark.parametrize("build, x", [(lambda: Hidden(gpt2(128)), IDS),
                                       (lambda: Padded(bert(128, "eager")), PADDED),
                                       (lambda: Padded(llama(128)), PADDED),
-                                      (lambda: Hidden(llama(128, family="Qwen2")), IDS)],
-                         ids=["GPT-2", "BERT, padded", "Llama, padded", "Qwen2"])
+                                      (lambda: Hidden(llama(128, family="Qwen2")), IDS),
+                                      (lambda: Hidden(vit(d=128)), IMAGES.double())],
+                         ids=["GPT-2", "BERT, padded", "Llama, padded", "Qwen2", "ViT"])
 def test_one_layer_models_match_fresh_wide_models(build, x):
     # 128 channels in 4 heads, as Hugging Face initialises them: the mean of 48 fresh models'
     # empirical NNGP and NTK within 5 standard errors of the kernel at the default init
-    # (Hugging Face's normal(0, initializer_range), zero biases, LayerNorm 1 and 0; GPT-2's own
-    # init read from another fresh model); BERT and Llama called on a padded batch with its
+    # (Hugging Face's normal(0, initializer_range), zero biases, LayerNorm 1 and 0; GPT-2's and
+    # ViT's own inits read from another fresh model); BERT and Llama called on a padded batch with its
     # attention_mask; the attention rule's own error (~1e-4 here) is left out, which only
     # tightens the test
     nngps, ntks = fresh_kernels(build, x, 48, seed=100)
