@@ -185,8 +185,8 @@ def test_one_layer_models_match_fresh_wide_models(build, x):
     # 128 channels in 4 heads, as Hugging Face initialises them: the mean of 48 fresh models'
     # empirical NNGP and NTK within 5 standard errors of the kernel at the default init
     # (Hugging Face's normal(0, initializer_range), zero biases, LayerNorm 1 and 0; GPT-2's and
-    # ViT's own inits read from another fresh model); BERT and Llama called on a padded batch with its
-    # attention_mask; the attention rule's own error (~1e-4 here) is left out, which only
+    # ViT's own inits read from another fresh model); BERT and Llama called on a padded batch
+    # with its attention_mask; the attention rule's own error (~1e-4 here) is left out, which only
     # tightens the test
     nngps, ntks = fresh_kernels(build, x, 48, seed=100)
     torch.manual_seed(99)
