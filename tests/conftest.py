@@ -4,6 +4,15 @@ import os
 import shutil
 import tempfile
 
+# Under pytest-xdist each worker keeps to cores of its own (dealt round robin), before JAX or
+# ntbridge start: with `-n 2` on 2 cores, XLA then compiles a worker's programs on its one core
+# (ntbridge.devices.usable_cores) instead of two threads contending with the other worker's.
+if (_worker := os.environ.get("PYTEST_XDIST_WORKER")) and hasattr(os, "sched_setaffinity"):
+    _cores = sorted(os.sched_getaffinity(0))
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if _workers <= len(_cores):
+        os.sched_setaffinity(0, _cores[int(_worker.removeprefix("gw")) % _workers::_workers])
+
 import jax
 import pytest
 import torch
