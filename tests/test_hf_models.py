@@ -135,6 +135,7 @@ def test_a_pooled_head_and_one_graph_for_both_attentions():
     assert graphs[0] == graphs[1]
 
 
+@pytest.mark.slow
 def test_the_default_init_is_hugging_faces_own():
     # BERT draws every weight, positions' and token types' rows included, from
     # normal(0, initializer_range); GPT-2 scales its residual projections by 1/sqrt(2 n_layer), so
