@@ -176,18 +176,19 @@ class Context:
     def in_transformer(self) -> bool:
         """Whether the module is part of an ``nn.Transformer``, which re-draws every weight
         matrix of its layers from ``xavier_uniform_`` (``init="torch"`` reads them so)."""
-        return any(p == "" or self.name.startswith(p + ".") for p in self.options.xavier)
+        return any(self._inside(p) for p in self.options.xavier)
 
     @property
     def library_std(self) -> float | None:
         """With ``init="torch"``, the standard deviation of the normal distribution the library
         model holding this module draws its weights from (Hugging Face's ``initializer_range``,
         :data:`Options.library`); None outside such a model, or with another ``init``."""
-        if self.options.init != "torch":
-            return None
-        inside = [(len(p), std) for p, std in self.options.library
-                  if p == "" or self.name == p or self.name.startswith(p + ".")]
-        return max(inside)[1] if inside else None
+        inside = (std for p, std in self.options.library if self._inside(p))
+        return next(inside, None) if self.options.init == "torch" else None
+
+    def _inside(self, prefix: str) -> bool:
+        """Whether this module is the model's module ``prefix`` or one of its submodules."""
+        return prefix in ("", self.name) or self.name.startswith(prefix + ".")
 
     def affine(self, fan_in: int, weight: torch.Tensor, bias: torch.Tensor | None) -> dict:
         """Keyword arguments ``W_std, b_std, distribution, parameterization`` of an affine layer.
