@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import InputError, UnsupportedLayerError
 from .arccos import (SelfRule, ab_relu_rule, ab_relu_self_rule, rectified_monomial_rule,
                      rectified_monomial_self_rule, sign_rule, sign_self_rule)
+from .channel_blocks import per_block
 from .features import elementwise_features
 from .kernel import Kernel, variances
 from .layers import Layer
@@ -62,6 +63,8 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
             sources=Sources(base=k, ops=(fn,), rule=rule_of(k)))
 
     def kernel_fn(k: Kernel) -> Kernel:
+        if k.blocks is not None:  # a concatenation along channels
+            return per_block(k, kernel_fn)
         if k.is_gaussian:
             return gaussian_rule(k)
         if k.sources is None:

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ShapeError, UnsupportedLayerError
+from .channel_blocks import weighted_sum
 from .features import linear_features
 from .kernel import Kernel, spatial_axes
 from .layers import Layer, with_hyper
@@ -150,16 +151,6 @@ def same_shapes(shapes, skip_axis: int | None = None) -> None:
         raise ShapeError(f"the branches' shapes {[tuple(s) for s in shapes]} must agree{where}.")
 
 
-def _combine(ks: Sequence[Kernel], weights: Sequence[float], is_gaussian: bool) -> Kernel:
-    """The kernels' weighted sum, field by field (NTK None if any branch has none)."""
-    total = lambda xs: sum(w * x for w, x in zip(weights, xs))
-    ntks = [k.ntk for k in ks]
-    return ks[0].replace(nngp=total([k.nngp for k in ks]), cov1=total([k.cov1 for k in ks]),
-                         cov2=total([k.cov2 for k in ks]),
-                         ntk=None if any(t is None for t in ntks) else total(ntks),
-                         is_gaussian=is_gaussian)
-
-
 def FanInSum() -> Layer:
     """The sum of a tuple of same-shape inputs (a residual connection ``h + f(h)``).
 
@@ -182,7 +173,7 @@ def FanInSum() -> Layer:
 
     def kernel_fn(ks):
         same_shapes([k.shape1 for k in ks])
-        out = _combine(ks, [1.0] * len(ks), all(k.is_gaussian for k in ks))
+        out = weighted_sum(ks, [1.0] * len(ks), all(k.is_gaussian for k in ks))
         others = [k for k in ks if not k.is_gaussian]
         if others and all(k.sources is not None for k in others):
             if len(others) == 1:  # the others are centred: the sum of kernels is exact
@@ -224,8 +215,9 @@ def concat_kernels(ks: Sequence[Kernel], axis: int) -> Kernel:
     same_shapes([k.shape1 for k in ks], skip_axis=axis)
     sizes = [k.shape1[axis] for k in ks]
     grow = lambda s: (*s[:axis], sum(sizes), *s[axis + 1:])
-    if axis == ks[0].channel_axis:
-        out = _combine(ks, [c / sum(sizes) for c in sizes], False)
+    if axis == ks[0].channel_axis:  # each block kept for an elementwise function after it
+        blocks = sum((k.blocks or (k,) for k in ks), ())
+        out = weighted_sum(ks, [c / sum(sizes) for c in sizes], False).replace(blocks=blocks)
     else:
         join = lambda field, n_batch: _join_positions([getattr(k, field) for k in ks], n_batch,
                                                       ks[0].position(axis), sizes,
@@ -233,7 +225,7 @@ def concat_kernels(ks: Sequence[Kernel], axis: int) -> Kernel:
         ntk = None if any(k.ntk is None for k in ks) else join("ntk", 2)
         out = ks[0].replace(nngp=join("nngp", 2), ntk=ntk, cov1=join("cov1", 1),
                             cov2=join("cov2", 1), is_gaussian=all(k.is_gaussian for k in ks))
-    return out.replace(shape1=grow(out.shape1), shape2=grow(out.shape2))
+    return out.replace(shape1=grow(out.shape1), shape2=grow(out.shape2), blocks=out.blocks)
 
 
 def FanInConcat(axis: int = 1) -> Layer:
@@ -242,7 +234,8 @@ def FanInConcat(axis: int = 1) -> Layer:
     Kernel rule along the channel axis (1, or the last of sequences ``(N, T, d)``): the
     channel-weighted average of the branches' kernels
     ``sum_i C_i K_i / sum_i C_i``, exact for any correlation between the branches; its channels are
-    no longer identically distributed, so the result only feeds affine layers (is_gaussian False).
+    no longer identically distributed (is_gaussian False): the result feeds affine layers, and
+    elementwise functions by their rule on each branch (:mod:`.channel_blocks`).
     Along a spatial axis: each branch's kernel on its own positions, and zero between positions of
     different branches, exact when the branches are uncorrelated (``ntbridge.convert`` refuses
     the others); the diagonal layout, which keeps same-position covariances only, is exact for

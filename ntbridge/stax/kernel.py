@@ -24,7 +24,6 @@ import jax.numpy as jnp
 
 from ..errors import ShapeError
 
-
 _DESCRIBED = {"nngp", "ntk", "cov1", "cov2", "shape1", "shape2", "diagonal_spatial", "tokens"}
 
 
@@ -49,6 +48,7 @@ class Kernel:
       ids1, ids2: the token ids ``(N1, T)``, ``(N2, T)`` when this is the kernel of a model's
         input ids (None otherwise): what per-example masks (``key_padding_mask``) are made of.
       sources: how non-Gaussian outputs are made of Gaussian sources (``stax.sources.Sources``).
+      blocks: a concatenation's kernels, one per block of its channels (``stax.channel_blocks``).
       sampling: the network's rule of their expectations (``Layer.sampling``; None: default).
       adjacency1, adjacency2: each example's graph ``(N1, V, V)``, ``(N2, V, V)`` when this is the
         kernel of a graph model's inputs (``stax.aggregation.node_features_kernel``; None otherwise): what
@@ -72,13 +72,13 @@ class Kernel:
     adjacency2: jax.Array | None = None
     sources: Any = None
     sampling: Any = None
+    blocks: tuple[Kernel, ...] | None = None
 
     def replace(self, **changes) -> "Kernel":
-        """A copy with ``changes``; changing kernels or shapes drops ``sources`` unless given
-        (a layer without a rule for them makes outputs they do not describe)."""
-        if "sources" not in changes and _DESCRIBED.intersection(changes):
-            changes["sources"] = None
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``; changing kernels or shapes drops ``sources`` and ``blocks``
+        unless given (a layer without a rule for them makes outputs they do not describe)."""
+        dropped = {"sources": None, "blocks": None} if _DESCRIBED.intersection(changes) else {}
+        return dataclasses.replace(self, **{**dropped, **changes})
 
     @property
     def spatial_shape(self) -> tuple[int, ...]:
@@ -97,7 +97,7 @@ class Kernel:
 jax.tree_util.register_dataclass(
     Kernel,
     data_fields=["nngp", "ntk", "cov1", "cov2", "replicate", "ids1", "ids2", "adjacency1",
-                 "adjacency2", "sources"],
+                 "adjacency2", "sources", "blocks"],
     meta_fields=["shape1", "shape2", "x1_is_x2", "is_gaussian", "diagonal_spatial", "tokens",
                  "sampling"],
 )
