@@ -56,8 +56,10 @@ def test_out_file_roundtrip_and_stale_refusal(data, tmp_path):
     assert len(record["done"]) == 10  # 4 row blocks: 4 + 3 + 2 + 1 tiles on and above the diagonal
     again = ntbridge.ntk(MODEL, x1, batch_size=4, out=str(path))  # complete: nothing recomputed
     assert torch.equal(again, k)
-    with pytest.raises(errors.InputError, match="different model, input or options"):
+    with pytest.raises(errors.InputError, match=r"different model, input or options \(inputs "):
         ntbridge.ntk(MODEL, x1 + 1, batch_size=4, out=str(path))
+    with pytest.raises(errors.InputError, match=r"options \(computation differ"):
+        ntbridge.ntk(nn.Sequential(MODEL, nn.Tanh()), x1, batch_size=4, out=str(path))
     foreign = tmp_path / "foreign.npy"
     np.save(foreign, np.zeros((13, 13), np.float32))
     with pytest.raises(errors.InputError, match="no tile record"):

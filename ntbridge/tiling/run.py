@@ -264,7 +264,8 @@ def compute(task: Task, x1: torch.Tensor, x2: torch.Tensor | None,
     request = distributed.request_name(task.computation[0], n1, n2, tiling.b, symmetric, shapes,
                                        opts.out is None)
     if opts.out is not None:
-        meta = {"fingerprint": fingerprint(x1, x2, task.computation, *jax.tree.leaves(task.args)),
+        meta = {"inputs": fingerprint(x1, x2), "computation": fingerprint(task.computation),
+                "hyper-parameters": fingerprint(*jax.tree.leaves(task.args)),
                 "tile": [tiling.b1, tiling.b2], "processes": jax.process_count()}
         store = FileStore(opts.out, tiling, shapes[0], leaves[0].dtype, meta, task.perm, request)
     else:

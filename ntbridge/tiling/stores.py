@@ -125,10 +125,12 @@ class FileStore:
             except (OSError, ValueError):
                 content = {}
             if content.get("meta") != self.meta:
+                theirs = content.get("meta") or {}
+                differ = ", ".join(k for k in self.meta if theirs.get(k) != self.meta[k])
                 raise InputError(
-                    f"out={self.path!r} was written for a different model, input or options (or not "
-                    f"by ntbridge: {os.path.basename(record)} does not match); remove the file and "
-                    f"its .tiles*.json record, or pass another path.")
+                    f"out={self.path!r} was written for a different model, input or options "
+                    f"({differ} differ; or not by ntbridge: {os.path.basename(record)} does not "
+                    f"match); remove the file and its .tiles*.json record, or pass another path.")
             done |= {tuple(t) for t in content["done"]}
         if not records:
             raise InputError(f"out={self.path!r} exists but has no tile record, so its content "
