@@ -3,10 +3,10 @@
 The program of a :class:`Task` takes a stack of tiles (one per device) and returns, per tile, the
 kernel's leaves, checked finite after it (``ntbridge.dlpack.all_finite``). The tiles on the
 diagonal of a kernel with x2 = x1 are symmetrized after it, in torch
-(:func:`~ntbridge.tiling.arrays.symmetrize`: exactly), unless the program did it. Everything around the
-program is torch and numpy (slicing and padding the inputs, assembling the result), so a request
-dispatches no JAX work besides its programs. A size of the inputs asked for the first time may run
-a whole-tile program compiled for more examples, its inputs padded (:func:`_padded`).
+(:func:`~ntbridge.tiling.arrays.symmetrize`: exactly), unless the program did it. Everything around
+the program is torch and numpy (slicing and padding the inputs, assembling the result), so a
+request dispatches no JAX work besides its programs. A size of the inputs asked for the first time
+may run a whole-tile program compiled for more examples, its inputs padded (:func:`_padded`).
 """
 
 from __future__ import annotations
@@ -172,9 +172,8 @@ def _build(task: Task, tiling: Tiling, devices: list, arguments: tuple, opts: Ba
     name = task.computation[0].replace("_", " ")
     with Bar(None, f"ntbridge: compiling the {name} program ({tiling.b1} x {tiling.b2} tiles)",
              progress=opts.progress, leave=False):
-        return _analysed(programs.compile(
-            key, lambda: _program(task, devices, tiling).lower(*arguments), devices,
-            options_kind(task, tiling, x1)))
+        lower = lambda: _program(task, devices, tiling).lower(*arguments)
+        return _analysed(programs.compile(key, lower, devices, options_kind(task, tiling, x1)))
 
 
 def _least_entry(task: Task, x1: torch.Tensor) -> list[jax.ShapeDtypeStruct]:
