@@ -38,13 +38,13 @@ def bert(d=32, attention="sdpa", pool=False):
     return transformers.BertModel(config, add_pooling_layer=pool).eval()
 
 
-def llama(d=32, attention="sdpa", family="Llama"):
+def llama(d=32, attention="sdpa", family="Llama", kv_heads=2, **config):
     # RMSNorm written out, rotary embeddings, 2 key/value heads for 4 query heads, SwiGLU;
     # Mistral's layout is Llama's, Qwen2's adds biases to the queries, keys and values
     config = getattr(transformers, f"{family}Config")(
-        hidden_size=d, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        hidden_size=d, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=kv_heads,
         intermediate_size=2 * d, vocab_size=20, max_position_embeddings=8,
-        attn_implementation=attention)
+        attn_implementation=attention, **config)
     return getattr(transformers, f"{family}Model")(config).eval()
 
 
@@ -173,6 +173,22 @@ def test_llamas_parts_are_recognised():
                for n in graph.layers)
     assert names["embed_tokens"].hyper["W_std"] == 0.02
     assert names["layers.0.mlp.gate_proj"].hyper["W_std"] == pytest.approx(0.02 * 32 ** 0.5)
+
+
+@pytest.mark.slow
+def test_one_key_head_and_tied_embeddings():
+    # multi-query attention (one key/value head for 4 query heads): the model's forward, and the
+    # kernel of full heads (as any grouping's); tied input and output embeddings are refused
+    torch.manual_seed(0)
+    model = llama(kv_heads=1).double()
+    graph, y = _forward(model, IDS)
+    np.testing.assert_allclose(y, model(IDS).last_hidden_state.detach().numpy(), atol=1e-6)
+    k, full = (ntbridge.kernel(llama(kv_heads=h).double(), IDS) for h in (1, 4))
+    for get in ("nngp", "ntk"):
+        torch.testing.assert_close(getattr(k, get), getattr(full, get), rtol=1e-10, atol=0)
+    tied = transformers.LlamaForCausalLM(llama(tie_word_embeddings=True).config)
+    with pytest.raises(ntbridge.errors.UnsupportedLayerError, match="tied input and output"):
+        ntbridge.kernel(tied.eval(), IDS)
 
 
 @pytest.mark.slow

@@ -69,6 +69,13 @@ def _embedding(walk, node, args, kwargs):
         return walk.add(name, module, (INPUT,), node)
     if isinstance(ids, Const):
         return Rows(weight, torch.as_tensor(ids.value))
+    if isinstance(ids, Seq) and ids.index == INPUT:  # the weight is another module's too
+        raise UnsupportedLayerError(
+            f"{_where(node)} embeds the ids with the weight of {name!r} "
+            f"({type(module).__name__}): one parameter at two places, e.g. tied input and output "
+            f"embeddings. The analytic kernel has no rule for tied weights: untie them (Hugging "
+            f"Face: tie_word_embeddings=False) for the kernel of independent ones, or use "
+            f"ntbridge.empirical_ntk, whose kernel is the model's own.")
     raise UnsupportedLayerError(f"{_where(node)}: an embedding of computed ids has no rule.")
 
 
