@@ -111,8 +111,9 @@ def both(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
 def regroup(axes: tuple[str, ...], before: tuple, after: tuple, group: int):
     """The axes after a reshape from ``before`` to ``after`` (split or merge of one pair of
     adjacent axes: features into heads ``F -> (H, D)`` and back, examples and tokens into rows
-    ``(N, T) -> NT`` and back, a head's copies into heads ``(H, R) -> H``), and the repeat count
-    ``group`` times the copies merged; None if it is no such reshape."""
+    ``(N, T) -> NT`` and back, a head's copies into heads ``(H, R) -> H``; a head axis of 1 inserted
+    or dropped alike), and the repeat count ``group`` times the copies merged; None if it is no
+    such reshape."""
     if before == after:
         return axes, group
     i = 0
