@@ -208,10 +208,11 @@ class Context:
         :func:`init_mismatch`.
         """
         o = self.options
-        library = self.library_std is not None
+        library_std = self.library_std
+        library = library_std is not None
         xavier = o.init == "torch" and self.in_transformer
         if library:  # e.g. Hugging Face's normal(0, initializer_range), zero biases
-            W_std, b_std = self.library_std * fan_in ** 0.5, 0.0
+            W_std, b_std = library_std * fan_in ** 0.5, 0.0
         elif o.init == "torch":
             W_std, b_std = 3 ** -0.5, (3 * fan_in) ** -0.5
             if xavier:  # U(-a, a), a**2 = 6 / (fan_in + fan_out); biases as torch's default

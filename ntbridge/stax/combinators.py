@@ -215,9 +215,10 @@ def concat_kernels(ks: Sequence[Kernel], axis: int) -> Kernel:
     same_shapes([k.shape1 for k in ks], skip_axis=axis)
     sizes = [k.shape1[axis] for k in ks]
     grow = lambda s: (*s[:axis], sum(sizes), *s[axis + 1:])
+    blocks = None
     if axis == ks[0].channel_axis:  # each block kept for an elementwise function after it
         blocks = sum((k.blocks or (k,) for k in ks), ())
-        out = weighted_sum(ks, [c / sum(sizes) for c in sizes], False).replace(blocks=blocks)
+        out = weighted_sum(ks, [c / sum(sizes) for c in sizes], False)
     else:
         join = lambda field, n_batch: _join_positions([getattr(k, field) for k in ks], n_batch,
                                                       ks[0].position(axis), sizes,
@@ -225,7 +226,7 @@ def concat_kernels(ks: Sequence[Kernel], axis: int) -> Kernel:
         ntk = None if any(k.ntk is None for k in ks) else join("ntk", 2)
         out = ks[0].replace(nngp=join("nngp", 2), ntk=ntk, cov1=join("cov1", 1),
                             cov2=join("cov2", 1), is_gaussian=all(k.is_gaussian for k in ks))
-    return out.replace(shape1=grow(out.shape1), shape2=grow(out.shape2), blocks=out.blocks)
+    return out.replace(shape1=grow(out.shape1), shape2=grow(out.shape2), blocks=blocks)
 
 
 def FanInConcat(axis: int = 1) -> Layer:

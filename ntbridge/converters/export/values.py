@@ -122,13 +122,9 @@ def regroup(axes: tuple[str, ...], before: tuple, after: tuple, group: int):
     j = 0
     while j < min(len(before), len(after)) - i and before[-1 - j] == after[-1 - j]:
         j += 1
+    if j and i + j == min(len(before), len(after)):  # an axis of 1 (one head) inserted or
+        j -= 1  # dropped: the suffix matched the axis it splits from or merges into
     mid_in, mid_out = axes[i:len(axes) - j], after[i:len(after) - j]
-    if mid_out == (1,) and not mid_in and axes[i:i + 1] == ("F",):  # one head: F -> (1, D)
-        return axes[:i] + ("H", "D") + axes[i + 1:], group
-    if mid_in == ("H",) and not mid_out and axes[i + 1:i + 2] in (("D",), ("R",)):
-        # one head merged back into the features, or its copies into heads
-        merged = "F" if axes[i + 1] == "D" else "H"
-        return axes[:i] + (merged,) + axes[i + 2:], group * (before[i + 1] if merged == "H" else 1)
     merges = {("H", "D"): "F", ("N", "T"): "NT", ("H", "R"): "H"}
     if len(mid_in) == 1 and len(mid_out) == 2:
         split = {"F": ("H", "D"), "NT": ("N", "T")}.get(mid_in[0])
