@@ -61,8 +61,8 @@ jax.monitoring.register_event_duration_secs_listener(
     if event == "/jax/core/compile/backend_compile_duration" else None)
 """
 # One workload per fresh process: two kernel calls (x2 = None, then a second input set), then the
-# first call again (the steady call), then the second input set less three examples (a new size),
-# timed, with XLA's backend compilations counted. Imports (ntbridge's own are made on first use of
+# first call again (the steady call), then new sizes: the second input set less three examples,
+# and three times over; timed, with XLA's backend compilations counted. Imports (ntbridge's own are made on first use of
 # ntbridge.kernel, Neural Tangents' by "from neural_tangents import stax") are timed apart, and
 # with a third argument "collected" a full collection runs between them and the clock.
 WORKLOAD = GC_CLOCK + """
@@ -94,9 +94,11 @@ second = time.perf_counter()
 kernel(model, x, None)
 steady = time.perf_counter()
 kernel(model, xs[:-3], x)  # a new size: three fewer examples
+smaller = time.perf_counter()
+kernel(model, torch.cat([xs] * 3), x)  # a new size: three times the examples
 print(json.dumps({"import_s": imported - t0, "first_s": first - start, "gc_s": gc1 - gc0,
                   "second_s": second - first, "steady_s": steady - second,
-                  "new_size_s": time.perf_counter() - steady,
+                  "new_size_s": smaller - steady, "larger_s": time.perf_counter() - smaller,
                   "compiles": len(compiles), "compile_s": compile_s}))
 """
 # Neural Tangents' network of each workload and its jitted kernel_fn (its own environment; NHWC).
@@ -210,7 +212,7 @@ def first_calls(rounds: int, nt_python: str | None) -> dict[tuple[str, str], flo
                 f"{median('gc_s', ours):.2f} s), NT {median('first_s', theirs):.2f} s (GC "
                 f"{median('gc_s', theirs):.2f} s); imports {median('import_s', ours):.2f} s vs "
                 f"{median('import_s', theirs):.2f} s; target <= 1x")
-        row(f"{label}: compilations, two calls (empty cache)", median("compiles", "cold"),
+        row(f"{label}: compilations, all five calls (empty cache)", median("compiles", "cold"),
             f"warm cache: {median('compiles', 'warm'):.0f}; target <= 4 (empty), 0 (warm)")
         row(f"{label}: first call, warm / empty cache", median("first_s", "warm") /
             median("first_s", "cold"), f"empty {median('first_s', 'cold'):.2f} s, warm "
@@ -219,6 +221,9 @@ def first_calls(rounds: int, nt_python: str | None) -> dict[tuple[str, str], flo
         row(f"{label}: a new x2 size / first call (empty cache)", new_size / first,
             f"{new_size:.2f} s vs {first:.2f} s (x2 three examples fewer than the second "
             f"call's); target <= 0.3x")
+        larger = median("larger_s", "cold")
+        row(f"{label}: a larger x1 size / first call (empty cache)", larger / first,
+            f"{larger:.2f} s vs {first:.2f} s (x1 three times the second call's); target <= 0.3x")
         first, steady = median("first_s", "warm"), median("steady_s", "warm")
         row(f"{label}: first call / steady call, warm cache", first / steady,
             f"{first:.2f} s vs {steady:.2f} s: {first - steady:.2f} s above (imports "

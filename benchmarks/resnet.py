@@ -18,6 +18,14 @@ Rows:
   Neural Tangents' ``stax`` network in a child process (its jitted ``kernel_fn``), both in float64
   and NTK parameterization (NT's default):
   the largest difference of each kernel relative to its largest entry and the steady time of each.
+* ``montecarlo`` (``--rows montecarlo``): ResNet-18, ResNet-34 and ResNet-50 layouts at their own
+  width (64), BatchNorms fresh and with trained-looking statistics, on ``--mc-n`` random images
+  ``3 x size x size``: the analytic NNGP and NTK (float32) against ``--samples`` fresh models drawn
+  as torch draws them (each convolution's and Linear's ``reset_parameters()``; BatchNorm's
+  buffers, ``gamma`` and ``beta`` kept), NNGP ``f f^T / 10``, NTK over two of the outputs (every
+  parameter, ``gamma`` and ``beta`` included): the largest z-score over the kernels' entries (the
+  samples' standard error and the reported error in quadrature), and the standard error relative
+  to the kernel's largest entry.
 """
 
 from __future__ import annotations
@@ -34,11 +42,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.func import functional_call, jacrev
 
 import ntbridge
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from torchvision_resnets import resnet18, trained_statistics  # noqa: E402
+from torchvision_resnets import resnet18, resnet34, resnet50, trained_statistics  # noqa: E402
 
 W_STD, B_STD, WIDTH, STAGES = 1.5, 0.1, 16, 3
 
@@ -123,6 +132,48 @@ def preact_rows(nt_python: str, n: int, size: int) -> None:
           f"NT {float(theirs['seconds']):.2f} s", flush=True)
 
 
+def fresh_samples(model: nn.Module, x: torch.Tensor, samples: int) -> tuple[torch.Tensor, ...]:
+    """Per-sample NNGP ``f f^T / outputs`` and NTK (two outputs) of ``model`` redrawn ``samples``
+    times by its convolutions' and Linears' own ``reset_parameters()`` (seeds 0, 1, ...)."""
+    drawn = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    nngps, ntks = [], []
+    for s in range(samples):
+        torch.manual_seed(s)
+        for m in drawn:
+            m.reset_parameters()
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        f = functional_call(model, params, x)
+        jac = jacrev(lambda p: functional_call(model, p, x)[:, :2])(params)
+        nngps.append(f @ f.T / f.shape[1])
+        ntks.append(sum(torch.einsum("nop,mop->nm", j.flatten(2), j.flatten(2))
+                        for j in jac.values()) / 2)
+    return torch.stack(nngps).detach(), torch.stack(ntks).detach()
+
+
+def montecarlo_rows(n: int, size: int, samples: int, points: int) -> None:
+    x = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0))
+    for name, build in (("resnet18", resnet18), ("resnet34", resnet34), ("resnet50", resnet50)):
+        for label, model in (("fresh", build().eval()), ("trained", trained_statistics(build()))):
+            start = time.perf_counter()
+            k = ntbridge.kernel(model, x, expectation_points=points)
+            error = ntbridge.expectation_error(model, x, expectation_points=points)
+            seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            nngps, ntks = fresh_samples(model, x, samples)
+            mc_seconds = time.perf_counter() - start
+            parts = []
+            for kernel, drawn in (("NNGP", k.nngp), ("NTK", k.ntk)):
+                s = {"NNGP": nngps, "NTK": ntks}[kernel]
+                se = s.std(0, correction=1) / samples ** 0.5
+                spread = torch.sqrt(se ** 2 + (error * drawn.abs().max()) ** 2)
+                z = ((drawn - s.mean(0)).abs() / spread).max()
+                parts.append(f"{kernel} max z {z:.2f} (standard error "
+                             f"{se.max() / drawn.abs().max():.1e} of its largest entry)")
+            print(f"montecarlo {name} {label:<8} N={n} {size}x{size}, {samples} samples: "
+                  f"{', '.join(parts)}; reported error {error:.1e}; analytic {seconds:.0f} s, "
+                  f"samples {mc_seconds:.0f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=64)
@@ -131,7 +182,12 @@ def main() -> None:
     parser.add_argument("--nt-python", metavar="PATH", help="a Python with neural-tangents 0.6.5")
     parser.add_argument("--nt-n", type=int, default=8)
     parser.add_argument("--nt-size", type=int, default=16)
+    parser.add_argument("--rows", choices=("timing", "montecarlo"), default="timing")
+    parser.add_argument("--mc-n", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=100)
     args = parser.parse_args()
+    if args.rows == "montecarlo":
+        return montecarlo_rows(args.mc_n, args.size, args.samples, args.points)
     if args.nt_python:
         preact_rows(args.nt_python, args.nt_n, args.nt_size)
     resnet18_rows(args.n, args.size, args.points)

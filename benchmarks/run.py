@@ -281,7 +281,7 @@ def compile_options(quick: bool) -> None:
     alternately, each from a fresh lowering) and steady state (alternately)."""
     from ntbridge.devices import CPU_COMPILER_OPTIONS, compiler_options, usable_cores
     from ntbridge.tiling.plan import Tiling
-    from ntbridge.tiling.run import options_kind
+    from ntbridge.tiling.compiled import options_kind
     workloads = [("FC", fc_model(), (256 if quick else 1024, 784)),
                  ("CNN Flatten 16x16", _cnn("Flatten", 16), (32 if quick else 128, 3, 16, 16)),
                  ("CNN GAP 8x8", _cnn("global avg pool", 8), (8 if quick else 32, 3, 8, 8)),

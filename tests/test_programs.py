@@ -305,6 +305,29 @@ def test_a_new_size_runs_a_larger_program_padded_once(monkeypatch):
     assert torch.allclose(*grads, rtol=1e-10, atol=1e-12)
 
 
+def test_a_new_larger_size_runs_tiles_of_a_program_compiled_for_fewer(monkeypatch):
+    """A first call at a size larger than every compiled one runs, tile by tile, a two-input program
+    compiled for fewer examples (edge tiles padded; x2 = None: one whose tiles have as many rows as
+    columns) and builds no program; it gives the kernels of the size's own program, and the size
+    asked for again gets its own."""
+    original, built = programs.compile, []
+    monkeypatch.setattr(programs, "compile", lambda *a, **k: built.append(1) or original(*a, **k))
+    programs.clear()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 2)).double()
+    x = torch.randn(30, 3, dtype=torch.float64)
+    kernels = lambda *xs: ntbridge.kernel(model, *xs, get=("nngp", "ntk"), return_info=True)
+    same = lambda a, b: all(torch.allclose(p, q, rtol=1e-12, atol=1e-14) for p, q in zip(a, b))
+    kernels(x[:8], x[:8])
+    for x1, x2 in ((x[:20], x[:7]), (x[:13], None)):  # 3 x 1 tiles; 3 of 2 x 2 (x2 = None)
+        (k, info), (own, own_info) = kernels(x1, x2), kernels(x1, x2)
+        assert (info.tiles, info.tile, own_info.tiles) == (3, (8, 8), 1) and same(k, own)
+        assert len(built) == (2 if x2 is not None else 3)  # each size asked again compiled
+    assert torch.equal(k.ntk, k.ntk.T)
+    kernels(x[:9], x[:9])  # 2 x 2 tiles of 8 x 8 are more than PAD_WORK times 9 x 9 pairs
+    assert len(built) == 4
+
+
 EXPECTATION_ERRORS = """
 import sys
 sys.path.insert(0, sys.argv[1])

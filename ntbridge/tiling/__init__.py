@@ -7,6 +7,9 @@ tiles on and above the diagonal are computed; diagonal tiles are symmetrized aft
 by op, in torch: :mod:`.arrays`) and the others are mirrored, so the whole is exactly symmetric
 (:mod:`.run`). The backward pass of a kernel is the sum of the tiles' VJPs (:mod:`.backward`).
 
+* Programs (:mod:`.compiled`): one per tile shape, devices and options. A size asked for the
+  first time runs a program compiled for another size if one fits (one larger tile, or several
+  smaller ones), its tiles padded; a size asked again gets its own.
 * Devices: each step evaluates one tile per device: ``jax.shard_map`` over a mesh of the devices
   runs the kernel function on each device's own tile (no ``vmap``).
 * Processes: under ``jax.distributed``, each process computes every ``process_count``-th tile; the

@@ -24,7 +24,8 @@ import torch
 from .. import programs
 from .arrays import restrict, symmetrize
 from .plan import Batching, Tiling
-from .run import abstract_arguments, options_kind, plan, sharded, shardings, tile_fn
+from .compiled import abstract_arguments, options_kind, sharded, shardings, tile_fn
+from .run import plan
 from .task import Task
 from .transfer import per_device, stack, tile_inputs
 

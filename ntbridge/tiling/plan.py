@@ -96,7 +96,8 @@ class Tiling:
     n2: int
     b: int
     symmetric: bool
-    padded: tuple[int, int] | None = None  # one whole tile padded to (b1, b2) rows
+    padded: tuple[int, int] | None = None  # tiles of (b1, b2) rows, edges padded, if not (b, b)
+    most_devices: int | None = None  # the devices of a program compiled for another size
 
     def __post_init__(self):
         self.b1, self.b2 = self.padded or (min(self.b, self.n1), min(self.b, self.n2))
@@ -110,8 +111,10 @@ class Tiling:
         return len(self.tiles) == 1
 
     def devices(self, opts: Batching) -> list:
-        """The devices the tiles are spread over: no more than there are tiles."""
-        return opts.devices[:max(1, min(len(opts.devices), len(self.tiles)))]
+        """The devices the tiles are spread over: no more than there are tiles (or
+        ``most_devices``)."""
+        return opts.devices[:max(1, min(len(opts.devices), len(self.tiles),
+                                        self.most_devices or len(self.tiles)))]
 
     def rows(self, i: int) -> slice:
         return slice(i * self.b1, min((i + 1) * self.b1, self.n1))
