@@ -18,14 +18,15 @@ Rows:
   Neural Tangents' ``stax`` network in a child process (its jitted ``kernel_fn``), both in float64
   and NTK parameterization (NT's default):
   the largest difference of each kernel relative to its largest entry and the steady time of each.
-* ``montecarlo`` (``--rows montecarlo``): ResNet-18, ResNet-34 and ResNet-50 layouts at their own
-  width (64), BatchNorms fresh and with trained-looking statistics, on ``--mc-n`` random images
-  ``3 x size x size``: the analytic NNGP and NTK (float32) against ``--samples`` fresh models drawn
-  as torch draws them (each convolution's and Linear's ``reset_parameters()``; BatchNorm's
-  buffers, ``gamma`` and ``beta`` kept), NNGP ``f f^T / 10``, NTK over two of the outputs (every
-  parameter, ``gamma`` and ``beta`` included): the largest z-score over the kernels' entries (the
-  samples' standard error and the reported error in quadrature), and the standard error relative
-  to the kernel's largest entry.
+* ``montecarlo`` (``--rows montecarlo [--models ...] [--width 64]``): ResNet-18, ResNet-34 and
+  ResNet-50 layouts at their own width (64, or ``--width``), BatchNorms fresh and with
+  trained-looking statistics, on ``--mc-n`` random images ``3 x size x size``: the analytic NNGP
+  and NTK (float32) against ``--samples`` fresh models drawn as torch draws them (each
+  convolution's and Linear's ``reset_parameters()``; BatchNorm's buffers, ``gamma`` and ``beta``
+  kept), NNGP ``f f^T / 10``, NTK over two of the outputs (every parameter, ``gamma`` and
+  ``beta`` included): the largest z-score over the kernels' entries (the samples' standard error
+  and the reported error in quadrature), and the standard error relative to the kernel's largest
+  entry.
 """
 
 from __future__ import annotations
@@ -150,9 +151,12 @@ def fresh_samples(model: nn.Module, x: torch.Tensor, samples: int) -> tuple[torc
     return torch.stack(nngps).detach(), torch.stack(ntks).detach()
 
 
-def montecarlo_rows(n: int, size: int, samples: int, points: int) -> None:
+def montecarlo_rows(n: int, size: int, samples: int, points: int, width: int,
+                    names: list[str]) -> None:
     x = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0))
-    for name, build in (("resnet18", resnet18), ("resnet34", resnet34), ("resnet50", resnet50)):
+    builds = {"resnet18": resnet18, "resnet34": resnet34, "resnet50": resnet50}
+    for name in names:
+        build = lambda: builds[name](width=width)
         for label, model in (("fresh", build().eval()), ("trained", trained_statistics(build()))):
             start = time.perf_counter()
             k = ntbridge.kernel(model, x, expectation_points=points)
@@ -169,7 +173,7 @@ def montecarlo_rows(n: int, size: int, samples: int, points: int) -> None:
                 z = ((drawn - s.mean(0)).abs() / spread).max()
                 parts.append(f"{kernel} max z {z:.2f} (standard error "
                              f"{se.max() / drawn.abs().max():.1e} of its largest entry)")
-            print(f"montecarlo {name} {label:<8} N={n} {size}x{size}, {samples} samples: "
+            print(f"montecarlo {name} width {width} {label:<8} N={n} {size}x{size}, {samples} samples: "
                   f"{', '.join(parts)}; reported error {error:.1e}; analytic {seconds:.0f} s, "
                   f"samples {mc_seconds:.0f} s", flush=True)
 
@@ -185,9 +189,12 @@ def main() -> None:
     parser.add_argument("--rows", choices=("timing", "montecarlo"), default="timing")
     parser.add_argument("--mc-n", type=int, default=3)
     parser.add_argument("--samples", type=int, default=100)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--models", nargs="+", default=["resnet18", "resnet34", "resnet50"])
     args = parser.parse_args()
     if args.rows == "montecarlo":
-        return montecarlo_rows(args.mc_n, args.size, args.samples, args.points)
+        return montecarlo_rows(args.mc_n, args.size, args.samples, args.points, args.width,
+                               args.models)
     if args.nt_python:
         preact_rows(args.nt_python, args.nt_n, args.nt_size)
     resnet18_rows(args.n, args.size, args.points)

@@ -309,7 +309,7 @@ def test_a_new_larger_size_runs_tiles_of_a_program_compiled_for_fewer(monkeypatc
     """A first call at a size larger than every compiled one runs, tile by tile, a two-input program
     compiled for fewer examples (edge tiles padded; x2 = None: one whose tiles have as many rows as
     columns) and builds no program; it gives the kernels of the size's own program, and the size
-    asked for again gets its own."""
+    asked for again gets its own. Empirical kernels alike."""
     original, built = programs.compile, []
     monkeypatch.setattr(programs, "compile", lambda *a, **k: built.append(1) or original(*a, **k))
     programs.clear()
@@ -326,6 +326,11 @@ def test_a_new_larger_size_runs_tiles_of_a_program_compiled_for_fewer(monkeypatc
     assert torch.equal(k.ntk, k.ntk.T)
     kernels(x[:9], x[:9])  # 2 x 2 tiles of 8 x 8 are more than PAD_WORK times 9 x 9 pairs
     assert len(built) == 4
+    empirical = lambda *xs: ntbridge.empirical_ntk(model, *xs)  # empirical kernels too
+    empirical(x[:8], x[:8])
+    built.clear()
+    padded = empirical(x[:20], x[:7])
+    assert not built and same([padded], [empirical(x[:20], x[:7])]) and len(built) == 1
 
 
 EXPECTATION_ERRORS = """

@@ -123,7 +123,7 @@ PAD_WORK = 2.0  # a padded tiling's pairs at most this many times the inputs'
 
 
 def reused(task: Task, x1: torch.Tensor, n2: int, symmetric: bool, opts: Batching,
-            tile: tuple[int, int] | None) -> tuple[Tiling, Program] | None:
+           tile: tuple[int, int] | None) -> tuple[Tiling, Program] | None:
     """For a size of the inputs (``x1``'s rows, ``n2``) asked for the first time, a tiling by a
     program of ``task`` already compiled for another size: one tile of more examples, or several
     tiles of fewer, on the devices it was compiled for, edge tiles padded, with at most
