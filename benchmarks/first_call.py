@@ -62,9 +62,10 @@ jax.monitoring.register_event_duration_secs_listener(
 """
 # One workload per fresh process: two kernel calls (x2 = None, then a second input set), then the
 # first call again (the steady call), then new sizes: the second input set less three examples,
-# and three times over; timed, with XLA's backend compilations counted. Imports (ntbridge's own are made on first use of
-# ntbridge.kernel, Neural Tangents' by "from neural_tangents import stax") are timed apart, and
-# with a third argument "collected" a full collection runs between them and the clock.
+# and three times over; timed, with XLA's backend compilations counted. Imports (ntbridge's own
+# are made on first use of ntbridge.kernel, Neural Tangents' by "from neural_tangents import
+# stax") are timed apart, and with a third argument "collected" a full collection runs between
+# them and the clock.
 WORKLOAD = GC_CLOCK + """
 import json, sys
 t0 = time.perf_counter()

@@ -18,15 +18,17 @@ Rows:
   Neural Tangents' ``stax`` network in a child process (its jitted ``kernel_fn``), both in float64
   and NTK parameterization (NT's default):
   the largest difference of each kernel relative to its largest entry and the steady time of each.
-* ``montecarlo`` (``--rows montecarlo [--models ...] [--width 64]``): ResNet-18, ResNet-34 and
-  ResNet-50 layouts at their own width (64, or ``--width``), BatchNorms fresh and with
-  trained-looking statistics, on ``--mc-n`` random images ``3 x size x size``: the analytic NNGP
-  and NTK (float32) against ``--samples`` fresh models drawn as torch draws them (each
-  convolution's and Linear's ``reset_parameters()``; BatchNorm's buffers, ``gamma`` and ``beta``
-  kept), NNGP ``f f^T / 10``, NTK over two of the outputs (every parameter, ``gamma`` and
-  ``beta`` included): the largest z-score over the kernels' entries (the samples' standard error
-  and the reported error in quadrature), and the standard error relative to the kernel's largest
-  entry.
+* ``once`` (``--rows once [--batch-size B]``): the fresh layout's first call alone (the whole
+  cost at N = 64), its tiles and the peak resident memory;
+* ``montecarlo`` (``--rows montecarlo [--models ...] [--width 64] [--dtype float32]``):
+  ResNet-18, ResNet-34 and ResNet-50 layouts at their own width (64, or ``--width``), BatchNorms
+  fresh and with trained-looking statistics, on ``--mc-n`` random images ``3 x size x size``: the
+  analytic NNGP and NTK (in ``--dtype``) against ``--samples`` fresh models (the same dtype)
+  drawn as torch draws them (each convolution's and Linear's ``reset_parameters()``;
+  BatchNorm's buffers, ``gamma`` and ``beta`` kept), NNGP ``f f^T / 10``, NTK over two of the
+  outputs (every parameter, ``gamma`` and ``beta`` included): the largest z-score over the
+  kernels' entries (the samples' standard error and the reported error in quadrature), and the
+  standard error relative to the kernel's largest entry.
 """
 
 from __future__ import annotations
@@ -112,6 +114,20 @@ def resnet18_rows(n: int, size: int, points: int) -> None:
               f"peak RSS {peak:.2f} GiB, reported error {error:.1e}", flush=True)
 
 
+def resnet18_once(n: int, size: int, points: int, batch_size: int | None) -> None:
+    """The fresh ResNet-18 layout's first call alone (the whole cost at large N), its tiling and
+    the process's peak resident memory."""
+    x = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    _, info = ntbridge.kernel(resnet18().eval(), x, return_info=True, batch_size=batch_size,
+                              expectation_points=points)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    print(f"resnet18 fresh N={n} {size}x{size} points={points}, one call: {seconds:.0f} s, "
+          f"{info.tiles} tiles {info.tile} of {info.tile_bytes / 2 ** 30:.2f} GiB, peak RSS "
+          f"{peak:.2f} GiB", flush=True)
+
+
 def preact_rows(nt_python: str, n: int, size: int) -> None:
     x = np.random.default_rng(0).standard_normal((n, 3, size, size))
     model = preact_resnet().double()
@@ -152,11 +168,11 @@ def fresh_samples(model: nn.Module, x: torch.Tensor, samples: int) -> tuple[torc
 
 
 def montecarlo_rows(n: int, size: int, samples: int, points: int, width: int,
-                    names: list[str]) -> None:
-    x = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0))
+                    names: list[str], dtype: torch.dtype) -> None:
+    x = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0), dtype=dtype)
     builds = {"resnet18": resnet18, "resnet34": resnet34, "resnet50": resnet50}
     for name in names:
-        build = lambda: builds[name](width=width)
+        build = lambda: builds[name](width=width).to(dtype)
         for label, model in (("fresh", build().eval()), ("trained", trained_statistics(build()))):
             start = time.perf_counter()
             k = ntbridge.kernel(model, x, expectation_points=points)
@@ -173,7 +189,8 @@ def montecarlo_rows(n: int, size: int, samples: int, points: int, width: int,
                 z = ((drawn - s.mean(0)).abs() / spread).max()
                 parts.append(f"{kernel} max z {z:.2f} (standard error "
                              f"{se.max() / drawn.abs().max():.1e} of its largest entry)")
-            print(f"montecarlo {name} width {width} {label:<8} N={n} {size}x{size}, {samples} samples: "
+            print(f"montecarlo {name} width {width} {label:<8} {str(dtype)[6:]} N={n} "
+                  f"{size}x{size}, {samples} samples: "
                   f"{', '.join(parts)}; reported error {error:.1e}; analytic {seconds:.0f} s, "
                   f"samples {mc_seconds:.0f} s", flush=True)
 
@@ -186,15 +203,19 @@ def main() -> None:
     parser.add_argument("--nt-python", metavar="PATH", help="a Python with neural-tangents 0.6.5")
     parser.add_argument("--nt-n", type=int, default=8)
     parser.add_argument("--nt-size", type=int, default=16)
-    parser.add_argument("--rows", choices=("timing", "montecarlo"), default="timing")
+    parser.add_argument("--rows", choices=("timing", "once", "montecarlo"), default="timing")
+    parser.add_argument("--batch-size", type=int, help="tiles of this many images (--rows once)")
     parser.add_argument("--mc-n", type=int, default=3)
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--models", nargs="+", default=["resnet18", "resnet34", "resnet50"])
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     args = parser.parse_args()
+    if args.rows == "once":
+        return resnet18_once(args.n, args.size, args.points, args.batch_size)
     if args.rows == "montecarlo":
         return montecarlo_rows(args.mc_n, args.size, args.samples, args.points, args.width,
-                               args.models)
+                               args.models, getattr(torch, args.dtype))
     if args.nt_python:
         preact_rows(args.nt_python, args.nt_n, args.nt_size)
     resnet18_rows(args.n, args.size, args.points)

@@ -1,11 +1,11 @@
 """A task's kernel tile by tile: the plan (tiles whose program fits in memory), the run of the
 program over the tiles (:mod:`.compiled`), and the result assembled.
 
-Each tile's leaves are checked finite after the program (``ntbridge.dlpack.all_finite``). The tiles on the
-diagonal of a kernel with x2 = x1 are symmetrized after it, in torch
-(:func:`~ntbridge.tiling.arrays.symmetrize`: exactly), unless the program did it. Everything around
-the program is torch and numpy (slicing and padding the inputs, assembling the result), so a
-request dispatches no JAX work besides its programs.
+Each tile's leaves are checked finite after the program (``ntbridge.dlpack.all_finite``). The
+tiles on the diagonal of a kernel with x2 = x1 are symmetrized after it, in torch
+(:func:`~ntbridge.tiling.arrays.symmetrize`: exactly), unless the program did it. Everything
+around the program is torch and numpy (slicing and padding the inputs, assembling the result),
+so a request dispatches no JAX work besides its programs.
 """
 
 from __future__ import annotations
