@@ -64,6 +64,15 @@ def test_freshly_initialised_layers_never_look_mismatched():
                     assert init_mismatch(t.to(dtype), d_in) is None, (seed, d_in, d_out, dtype)
 
 
+def test_a_model_drawn_in_float32_then_made_float64_keeps_its_bound():
+    """An entry at the bound as float32 rounds it (above 1/sqrt(fan_in) in float64 for fan_in =
+    4608, a ResNet's 3x3 convolution of 512 channels), after ``model.double()``."""
+    w = nn.Linear(4608, 2).weight.detach()
+    w[0, 0] = 4608 ** -0.5
+    assert float(w[0, 0]) > 4608 ** -0.5
+    assert init_mismatch(w.double(), 4608) is None
+
+
 def test_kaiming_normal_and_rescaled_weights_always_look_mismatched():
     for seed in range(50):
         torch.manual_seed(seed)

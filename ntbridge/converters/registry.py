@@ -270,7 +270,8 @@ def init_mismatch(tensor: torch.Tensor, fan_in: int) -> str | None:
         return None
     bound = fan_in ** -0.5
     largest = float(np.abs(t).max())
-    if largest > bound * (1 + 4 * torch.finfo(tensor.dtype).eps):
+    eps = max(torch.finfo(tensor.dtype).eps, torch.finfo(torch.float32).eps)  # drawn in float32
+    if largest > bound * (1 + 4 * eps):  # (then, e.g., model.double())
         return f"largest |entry| {largest:.3g}, above the bound 1/sqrt(fan_in) = {bound:.3g}"
     ratio = float(np.mean(t * t)) / (bound ** 2 / 3)
     z = (ratio - 1) / (4 / (5 * t.size)) ** 0.5
