@@ -28,12 +28,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from typing import Any
+from warnings import warn
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import UnsupportedLayerError
+from ..errors import AccuracyWarning, UnsupportedLayerError
 from .kernel import Kernel, safe_reciprocal, safe_sqrt, variances
 from .softmax_moments import Rule
 
@@ -132,8 +133,8 @@ def _replicate(k: Kernel, a: jax.Array) -> jax.Array:
     ``k.replicate`` (a traced index: selected by a one-hot product, exact, not by a gather)."""
     if k.replicate is None:
         return a.reshape(-1, *a.shape[2:])
-    pick = jnp.arange(a.shape[0]) == k.replicate
-    return jnp.sum(jnp.where(pick.reshape(-1, *[1] * (a.ndim - 1)), a, 0), 0)
+    pick = (jnp.arange(a.shape[0]) == k.replicate).reshape(-1, *[1] * (a.ndim - 1))
+    return jnp.sum(jnp.where(pick, a, 0), 0)
 
 
 @functools.lru_cache(maxsize=64)
@@ -171,6 +172,9 @@ def _pairs(c, q1, q2, z):
 
 def gaussian_samples(k: Kernel, z: jax.Array) -> Samples:
     """Samples of the Gaussian outputs of kernel ``k`` at every entry, from normals ``z``."""
+    if k.nngp.dtype == jnp.float32:  # a ResNet-34's NNGP 28% off (benchmarks/README.md): warn
+        warn(AccuracyWarning("float32 expectations of non-Gaussian inputs lose accuracy with depth "
+                             "(ResNets); compute in float64: model.double() and float64 inputs."))
     q = variances(k)
     u, v = _pairs(k.nngp, *q["nngp"], z)
     u1, v1 = _pairs(k.cov1, *q["cov1"], z)
@@ -227,8 +231,7 @@ def sampled_kernel(k: Kernel, sources: Sources, samples: Samples) -> Kernel:
 
 
 def rule_of(k: Kernel) -> Rule:
-    """The rule of ``k``'s numerical expectations: its network's (``Kernel.sampling``), or the
-    default."""
+    """``k.sampling`` (its network's rule of numerical expectations), or the default rule."""
     return k.sampling or SAMPLING
 
 
