@@ -8,14 +8,13 @@ BatchNorm in eval mode with fresh buffers (as the model is built): before the st
 is in closed form; MaxPool and the ReLUs after residual sums are numerical expectations (scrambled
 Sobol samples of the Gaussian sources, ``ntbridge.stax.sources``), here with 64 points per
 replicate (``expectation_points=64``; the default 256 costs about 4x the time), whose error the
-example reports (``ntbridge.expectation_error``, on a few examples). In float64: in float32 these
-expectations lose accuracy through the residual blocks (benchmarks/README.md, "ResNets").
+example reports (``ntbridge.expectation_error``, on a few examples).
 
     python examples/resnet_kernel.py   # NTBRIDGE_EXAMPLE_QUICK=1 for a smaller run
 
-Runs in about 1.6 min on one core of 2 (`time python examples/resnet_kernel.py`, the other core
-busy; the quick run, 8x8 digits and 16 points: 19 s); reported error 0.24; test accuracy 0.62
-(NNGP) and 0.62 (NTK) with 50 training digits.
+Runs in about 2.5 min of CPU time on 2 shared cores, 9 min of wall time while they were busy with
+other work (`time python examples/resnet_kernel.py`; the quick run, 8x8 digits and 16 points:
+25 s); test accuracy 0.62 (NNGP) and 0.62 (NTK) with 50 training digits.
 """
 
 import math
@@ -45,14 +44,14 @@ def images(x: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     x, y, labels, train, test = load(N_TRAIN, N_TEST)
-    data = images(x.double())  # float64: float32 loses accuracy through the residual blocks
-    model = resnet18(num_classes=10).eval().double()
+    data = images(x.float())
+    model = resnet18(num_classes=10).eval()
     error = ntbridge.expectation_error(model, data[train[:4]], expectation_points=POINTS)
     print(f"ResNet-18 layout, expectation_points={POINTS}: reported relative error of the "
           f"kernels {error:.1e}")
     k = ntbridge.kernel(model, data[torch.cat([train, test])], data[train],
                         expectation_points=POINTS)
-    nngp, ntk = k.nngp, k.ntk
+    nngp, ntk = k.nngp.double(), k.ntk.double()
     n = len(train)
     gp = gp_inference(nngp[:n], y[train], nngp[n:], diag_reg=1e-4)
     ens = gradient_descent_mse_ensemble(ntk[:n], y[train], ntk[n:], t=math.inf, diag_reg=1e-4)

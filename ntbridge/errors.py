@@ -144,8 +144,7 @@ class CacheWarning(UserWarning):
 
 class AccuracyWarning(UserWarning):
     """An approximation is less accurate than asked (e.g. ``ntbridge.features`` with too few
-    features for its ``rtol``), or than it says (numerical expectations of non-Gaussian inputs in
-    float32); the message gives the expected error or how to reach the target."""
+    features for its ``rtol``); the message gives the expected error and how to reach the target."""
 
 
 class BatchStatisticsWarning(UserWarning):
