@@ -132,8 +132,8 @@ def _replicate(k: Kernel, a: jax.Array) -> jax.Array:
     ``k.replicate`` (a traced index: selected by a one-hot product, exact, not by a gather)."""
     if k.replicate is None:
         return a.reshape(-1, *a.shape[2:])
-    pick = (jnp.arange(a.shape[0]) == k.replicate).reshape(-1, *[1] * (a.ndim - 1))
-    return jnp.sum(jnp.where(pick, a, 0), 0)
+    pick = jnp.arange(a.shape[0]) == k.replicate
+    return jnp.sum(jnp.where(pick.reshape(-1, *[1] * (a.ndim - 1)), a, 0), 0)
 
 
 @functools.lru_cache(maxsize=64)
@@ -229,7 +229,8 @@ def sampled_kernel(k: Kernel, sources: Sources, samples: Samples) -> Kernel:
 
 
 def rule_of(k: Kernel) -> Rule:
-    """``k.sampling`` (its network's rule of numerical expectations), or the default rule."""
+    """The rule of ``k``'s numerical expectations: its network's (``Kernel.sampling``), or the
+    default."""
     return k.sampling or SAMPLING
 
 
