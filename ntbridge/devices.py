@@ -59,10 +59,6 @@ CPU_COMPILER_OPTIONS = {_YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION
 # - small programs, of any kind (see small_program): the older emitters, LLVM's optimisation
 #   level 1 and none of its expensive passes. Such a program runs in milliseconds and compiling it
 #   is the call's time: these compile in much less time and run a little slower.
-# - one replicate of a numerical rule (ntbridge.expectation_error's program): the older emitters.
-#   With the fusion emitters at LLVM's level 2 (jax 0.10.2), XLA's CPU backend computed one
-#   replicate of a Bottleneck ResNet's kernel wrong (an entry at twice its value: a reported error
-#   of 0.12 instead of 0.007; tests/test_sources.py); the older emitters compute it right.
 _OLDER_EMITTERS = {"xla_cpu_use_fusion_emitters": "False"}  # XLA reads "False", not "false"
 PROGRAM_OPTIONS = {
     "default": {},
@@ -70,7 +66,6 @@ PROGRAM_OPTIONS = {
     "diagonal": {**_OLDER_EMITTERS, _YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
     "small": {**_OLDER_EMITTERS, "xla_backend_optimization_level": "1",
               "xla_llvm_disable_expensive_passes": "True"},
-    "replicate": _OLDER_EMITTERS,
 }
 SMALL_WORK = 2 ** 16  # pairs of examples in a program times the elements of an example
 

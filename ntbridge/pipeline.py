@@ -234,7 +234,7 @@ def expectation_error(request: Request) -> float:
         a1, a2 = (None if x is None else to_jax(x) for x in (x1, x2))
         key = programs.ProgramKey.of("expectation error", (graph.signature, names), (a1, a2))
         pairs = len(a1) * len(a1 if a2 is None else a2)
-        kind = "small" if small_program(pairs, math.prod(a1.shape[1:])) else "replicate"
+        kind = "small" if small_program(pairs, math.prod(a1.shape[1:])) else "default"
         devices = list(a1.devices())
         alone = programs.cached(key, lambda: programs.compile(
             key, lambda: jax.jit(replicate_fn(graph.network, names)).lower(a1, a2, 0), devices,

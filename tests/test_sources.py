@@ -142,12 +142,14 @@ def test_refusals_name_the_module_and_what_works():
 
 
 @pytest.mark.slow  # 2 s or more
-@pytest.mark.parametrize("small_work", [devices.SMALL_WORK, 0], ids=["small", "replicate"])
+@pytest.mark.parametrize("small_work", [devices.SMALL_WORK, 0],
+                         ids=["small", "default options"])
 def test_replicates_of_a_bottleneck(monkeypatch, small_work):
     """A small program (these 3 images) compiles with the "small" options; taken as not small, with
-    the "replicate" options (``devices.PROGRAM_OPTIONS``): XLA's defaults computed one replicate of
-    this program wrong, its entry (1, 1) after the second stage's residual sum at twice its value,
-    and the reported error was 0.12."""
+    the defaults. With them, one replicate came out wrong (its entry (1, 1) after the second
+    stage's residual sum at twice its value, a reported error of 0.12) while the samples of two
+    points went through ``q2 - c**2 / q1``, which cancels for correlated points
+    (``stax.sources._pairs``)."""
     monkeypatch.setattr(devices, "SMALL_WORK", small_work)
     programs.clear()  # compiled afresh with these options
     torch.manual_seed(3)
