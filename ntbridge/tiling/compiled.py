@@ -180,5 +180,6 @@ def _build(task: Task, tiling: Tiling, devices: list, arguments: tuple, opts: Ba
     name = task.computation[0].replace("_", " ")
     with Bar(None, f"ntbridge: compiling the {name} program ({tiling.b1} x {tiling.b2} tiles)",
              progress=opts.progress, leave=False):
-        lower = lambda: _program(task, devices, tiling).lower(*arguments)
-        return _analysed(programs.compile(key, lower, devices, options_kind(task, tiling, x1)))
+        return _analysed(programs.compile(
+            key, lambda: _program(task, devices, tiling).lower(*arguments), devices,
+            options_kind(task, tiling, x1)))
