@@ -32,11 +32,13 @@ from .layers import Layer
 from .piecewise import Pieces, piecewise_rule, quadrature_rule
 from .polar import polar_rule
 from .quadrature import Corrected, Rule, corrected_rule, smooth_rule
-from .sources import SAMPLING, Sources, centred_map, pointwise, rule_of
+from .orthant import shifted_channels
+from .sources import SAMPLING, Sources, channel_map, pointwise, rule_of
 
 
 def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
-                self_rule: SelfRule | None = None, homogeneous: bool = False) -> Layer:
+                self_rule: SelfRule | None = None,
+                slopes: tuple[float, float] | None = None) -> Layer:
     """A layer applying ``fn`` to each entry, with kernel rule ``rule`` and self rule ``self_rule``
     (default: ``rule(q, q, q)[0]``), see the module doc.
 
@@ -45,9 +47,10 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
     distinct positions too, and ``rule`` gives it. The rule needs Gaussian inputs; an input made of
     Gaussian sources otherwise (after eval-mode BatchNorm with channel-dependent statistics, a
     residual sum with a non-Gaussian identity, MaxPool, another nonlinearity) has its kernel
-    computed numerically (:mod:`.sources`), or, for ``homogeneous`` ``fn`` (``f(a x) = a f(x)``
-    for ``a > 0``: ReLU, LeakyReLU, Abs) after BatchNorm without shifts, in closed form
-    (:func:`_centred_channels`). Other inputs raise :class:`~ntbridge.errors.UnsupportedLayerError`.
+    computed numerically (:mod:`.sources`), or, for an ABReLU ``fn`` of ``slopes`` (ReLU,
+    LeakyReLU, Abs) right after BatchNorm, in closed form (without shifts
+    :func:`_centred_channels`, with them :func:`~.orthant.shifted_channels`). Other inputs raise
+    :class:`~ntbridge.errors.UnsupportedLayerError`.
     """
     own = self_rule or (lambda q: rule(q, q, q)[0])
 
@@ -74,8 +77,10 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
                 f"input is the raw data or the output of a map that mixes positions or examples "
                 f"after a nonlinearity; put an affine layer before it, or use "
                 f"ntbridge.empirical_ntk / ntbridge.monte_carlo.")
-        if homogeneous and centred_map(k) is not None:
-            return _centred_channels(k, fn, gaussian_rule)
+        cmap = channel_map(k) if slopes is not None else None
+        if cmap is not None:
+            return (_centred_channels(k, fn, gaussian_rule) if cmap.centred
+                    else shifted_channels(k, fn, slopes))
         return pointwise(k, fn, name)
 
     return Layer(lambda key, shape: (tuple(shape), {}), lambda params, x: fn(x), kernel_fn,
@@ -83,7 +88,7 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
 
 
 def _centred_channels(k: Kernel, fn: Callable, gaussian_rule: Callable[[Kernel], Kernel]):
-    """A homogeneous ``f`` after eval-mode BatchNorm without shifts (:func:`centred_map`), in
+    """A homogeneous ``f`` after eval-mode BatchNorm without shifts (:attr:`ChannelMap.centred`), in
     closed form: with ``y_c = a_c h``, ``E[f(y_c) f(y'_c)] = a_c**2 E[f(h) f(h')]`` and
     ``E[f'(y_c) f'(y'_c)] = E[f'(h) f'(h')]`` (the law of ``(h, h')`` is symmetric), so the NNGP
     and covariances scale by ``mean(a**2)``; the NTK is ``mean(a**2) E[f'f'] Theta``, plus for a
@@ -157,7 +162,7 @@ def RectifiedMonomial(k: int) -> Layer:
 
 def _ab_relu(fn: Callable[[jax.Array], jax.Array], a: float, b: float, name: str) -> Layer:
     """``fn``, which is ``a * min(x, 0) + b * max(x, 0)``, with its rule and self rule."""
-    return elementwise(fn, ab_relu_rule(a, b), name, ab_relu_self_rule(a, b), homogeneous=True)
+    return elementwise(fn, ab_relu_rule(a, b), name, ab_relu_self_rule(a, b), slopes=(a, b))
 
 
 def ABRelu(a: float, b: float, name: str = "ABRelu") -> Layer:

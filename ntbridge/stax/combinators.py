@@ -12,7 +12,7 @@ from .channel_blocks import weighted_sum
 from .features import linear_features
 from .kernel import Kernel, spatial_axes
 from .layers import Layer, with_hyper
-from .sources import SAMPLING, centred_map, sum_sources
+from .sources import SAMPLING, channel_map, sum_sources
 
 INPUT = -1  # in ``dag``, the index that stands for the network's input
 
@@ -179,7 +179,8 @@ def FanInSum() -> Layer:
             if len(others) == 1:  # the others are centred: the sum of kernels is exact
                 return out.replace(sources=sum_sources(ks).sources)
             return sum_sources(ks)
-        if any(k.sources is not None and centred_map(k) is None for k in others):
+        centred = lambda k: (cmap := channel_map(k)) is not None and cmap.centred
+        if any(k.sources is not None and not centred(k) for k in others):
             raise UnsupportedLayerError(
                 "a sum of a branch with a nonzero mean (a nonlinearity's output, or BatchNorm's "
                 "with shifts) and a non-Gaussian branch made of no Gaussian sources (the raw "

@@ -218,10 +218,11 @@ def BatchNorm(eps: float, moments: ChannelMoments | None, tensors: tuple[str, ..
     scales by ``mean(a**2)``; a trained ``gamma`` adds the second moment of ``dy/dgamma = (x -
     mu) / s``, ``mean(1/s**2) K + mean(mu**2 / s**2)``, a trained ``beta`` adds 1 (the affine
     parameters count as LayerNorm's do: the same in both parameterizations). Exact for any
-    buffers when affine layers follow. A nonlinearity may follow only without a trained gamma
-    (``affine=False``) and with uniform buffers (:class:`ChannelMoments`): otherwise channels
-    differ in scale and mean, or gamma's gradient, the channel's own input, correlates with the
-    nonlinearity's derivative (the NTK would need ``E[f'(u) f'(u') u u']``); it is then refused.
+    buffers when affine layers follow. Before a nonlinearity, uniform buffers without a trained
+    gamma keep the output Gaussian; otherwise channels differ in scale and mean, or gamma's
+    gradient, the channel's own input, correlates with the nonlinearity's derivative, and the
+    output records ``channel_map`` for the nonlinearity's rule (:mod:`.sources`; in closed form
+    for ReLU, LeakyReLU and Abs, :mod:`.orthant`).
 
     Example:
         >>> bn = BatchNorm(1e-5, ChannelMoments(1 / (1 + 1e-5), 0.0, (1 / (1 + 1e-5), 0.0), True,

@@ -3,9 +3,9 @@ deterministic numerical expectation.
 
 In the infinite-width limit every channel of a layer's output is a function of independent
 Gaussian sources, one per fresh weight matrix (a Linear/Conv layer's output, whose covariance over
-every pair of points the ordinary rules give). Where a rule meets such an output that it has no
-closed form for (a nonlinearity after eval-mode BatchNorm with channel-dependent statistics, after
-a residual sum whose identity is not Gaussian, MaxPool), the kernel records how the output is made
+every pair of points the ordinary rules give). Where a rule has no closed form for such an output
+(a nonlinearity other than ReLU, LeakyReLU and Abs after eval-mode BatchNorm with shifts, after a
+residual sum whose identity is not Gaussian, MaxPool), the kernel records how the output is made
 (:class:`Sources`, ``Kernel.sources``) and computes its second moments numerically:
 
 * for each kernel entry (a point ``a`` of an x1 example and ``b`` of an x2 example, or two points
@@ -288,11 +288,8 @@ def sum_sources(ks: tuple[Kernel, ...]) -> Kernel:
     return sampled_kernel(ks[0], Sources(samples=total, count=count, rule=rule), total)
 
 
-def centred_map(k: Kernel) -> ChannelMap | None:
-    """The BatchNorm map of ``k``'s outputs where they are that map of a Gaussian, without shifts
-    (:attr:`ChannelMap.centred`); else None."""
+def channel_map(k: Kernel) -> ChannelMap | None:
+    """The BatchNorm map of ``k``'s outputs where they are that map of a Gaussian; else None."""
     src = k.sources
-    if src is None or src.samples is not None or len(src.ops) != 1:
-        return None
-    op = src.ops[0]
-    return op if isinstance(op, ChannelMap) and op.centred else None
+    one = src is not None and src.samples is None and len(src.ops) == 1 and src.ops[0]
+    return one if isinstance(one, ChannelMap) else None
