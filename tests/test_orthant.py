@@ -103,6 +103,18 @@ def test_channels_with_equal_constants_are_grouped():
     np.testing.assert_allclose(groups[:, :3], [[0.75, 1.0, 0.5], [0.25, 2.0, 0.1]])
 
 
+def test_a_channel_of_zero_scale_is_a_constant():
+    """``gamma = 0``: ``y = D``, so ``E[f(y) f(y')] = f(D)**2``; gamma's term is ``f'(D)**2 E[(u -
+    mu)(u' - mu)] / s**2``; likewise at zero input variances."""
+    cmap = ChannelMap((), (), (), (), gamma=True, beta=False)
+    for big_d, slope in ((0.7, 1.0), (-0.7, 0.01)):
+        group = jnp.array([1.0, 0.0, big_d, 0.2, 0.5])  # share, A, D, mu / s, 1 / s
+        nngp, carried, own = _channel_terms(0.3, 1.0, 2.0, group, (0.01, 1.0), cmap)
+        np.testing.assert_allclose([nngp, carried, own],
+                                   [(slope * big_d) ** 2, 0.0, slope ** 2 * (0.3 * 0.25 + 0.04)],
+                                   rtol=1e-12)
+
+
 @pytest.mark.slow  # 2 s or more
 def test_gradients_are_finite_at_degenerate_entries():
     """Correlations +-1, zero variances, zero covariance."""

@@ -139,7 +139,9 @@ def _channel_terms(c, q1, q2, group, slopes: tuple[float, float], cmap: ChannelM
     root1, root2 = safe_sqrt(q1), safe_sqrt(q2)
     rho = jnp.clip(c * safe_reciprocal(root1 * root2), -1, 1)
     scale1, scale2 = jnp.abs(big_a) * root1, jnp.abs(big_a) * root2
-    h1, h2 = (jnp.clip(-big_d * safe_reciprocal(s), -_CLIP, _CLIP) for s in (scale1, scale2))
+    # thresholds of y > 0 in standard units; a constant y (a zero scale or variance): +-infinity
+    h1, h2 = (jnp.clip(jnp.where(s > 0, -big_d * safe_reciprocal(s), -jnp.sign(big_d) * _CLIP),
+                       -_CLIP, _CLIP) for s in (scale1, scale2))
     below, jump = slopes[0], slopes[1] - slopes[0]
     t1, t2, d1, d2 = _tail(h1), _tail(h2), _density(h1), _density(h2)
     regions = ((below * below, (1.0, 0.0, 0.0, rho)),              # f'f' = below**2 everywhere
@@ -148,7 +150,7 @@ def _channel_terms(c, q1, q2, group, slopes: tuple[float, float], cmap: ChannelM
                (jump * jump, quadrant_moments(h1, h2, rho)))                # + on both
     m0, m1, m2, m12 = (sum(w * moments[j] for w, moments in regions if w) for j in range(4))
     second = lambda e, s1, s2: e * e * m0 + e * (s1 * m1 + s2 * m2) + s1 * s2 * m12
-    sign = jnp.sign(big_a) * inv_s
+    sign = jnp.where(big_a < 0, -inv_s, inv_s)   # Z = sign(A) u / sqrt(q)
     own = second(-mu_s, sign * root1, sign * root2) if cmap.gamma else 0.0
     return second(big_d, scale1, scale2), big_a * big_a * m0, own + float(cmap.beta) * m0
 
