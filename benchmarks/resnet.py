@@ -20,6 +20,9 @@ Rows:
   the largest difference of each kernel relative to its largest entry and the steady time of each.
 * ``once`` (``--rows once [--batch-size B]``): the fresh layout's first call alone (the whole
   cost at N = 64), its tiles and the peak resident memory;
+* ``cost`` (``--rows cost [--n 2] [--size 16]``): the ResNet-18 and ResNet-50 layouts with
+  trained-looking statistics, ``ntbridge.kernel`` and ``ntbridge.expectation_error``, each a first
+  call (compilation included) and a steady one;
 * ``montecarlo`` (``--rows montecarlo [--models ...] [--width 64] [--dtype float32]``):
   ResNet-18, ResNet-34 and ResNet-50 layouts at their own width (64, or ``--width``), BatchNorms
   fresh and with trained-looking statistics, on ``--mc-n`` random images ``3 x size x size``: the
@@ -149,6 +152,18 @@ def preact_rows(nt_python: str, n: int, size: int) -> None:
           f"NT {float(theirs['seconds']):.2f} s", flush=True)
 
 
+def cost_rows(n: int, size: int, points: int) -> None:
+    x = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0))
+    for name, build in (("resnet18", resnet18), ("resnet50", resnet50)):
+        model, parts = trained_statistics(build()), []
+        for call in (ntbridge.kernel, ntbridge.expectation_error):
+            for label in ("first", "steady"):
+                start = time.perf_counter()
+                call(model, x, expectation_points=points)
+                parts.append(f"{call.__name__} {label} {time.perf_counter() - start:.1f} s")
+        print(f"cost {name} trained N={n} {size}x{size}: {'; '.join(parts)}", flush=True)
+
+
 def fresh_samples(model: nn.Module, x: torch.Tensor, samples: int) -> tuple[torch.Tensor, ...]:
     """Per-sample NNGP ``f f^T / outputs`` and NTK (two outputs) of ``model`` redrawn ``samples``
     times by its convolutions' and Linears' own ``reset_parameters()`` (seeds 0, 1, ...)."""
@@ -203,7 +218,8 @@ def main() -> None:
     parser.add_argument("--nt-python", metavar="PATH", help="a Python with neural-tangents 0.6.5")
     parser.add_argument("--nt-n", type=int, default=8)
     parser.add_argument("--nt-size", type=int, default=16)
-    parser.add_argument("--rows", choices=("timing", "once", "montecarlo"), default="timing")
+    parser.add_argument("--rows", choices=("timing", "once", "montecarlo", "cost"),
+                        default="timing")
     parser.add_argument("--batch-size", type=int, help="tiles of this many images (--rows once)")
     parser.add_argument("--mc-n", type=int, default=3)
     parser.add_argument("--samples", type=int, default=100)
@@ -216,6 +232,8 @@ def main() -> None:
     if args.rows == "montecarlo":
         return montecarlo_rows(args.mc_n, args.size, args.samples, args.points, args.width,
                                args.models, getattr(torch, args.dtype))
+    if args.rows == "cost":
+        return cost_rows(args.n, args.size, args.points)
     if args.nt_python:
         preact_rows(args.nt_python, args.nt_n, args.nt_size)
     resnet18_rows(args.n, args.size, args.points)
