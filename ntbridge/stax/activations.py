@@ -29,10 +29,10 @@ from .channel_blocks import per_block
 from .features import elementwise_features
 from .kernel import Kernel, variances
 from .layers import Layer
+from .orthant import shifted_channels
 from .piecewise import Pieces, piecewise_rule, quadrature_rule
 from .polar import polar_rule
 from .quadrature import Corrected, Rule, corrected_rule, smooth_rule
-from .orthant import shifted_channels
 from .sources import SAMPLING, Sources, channel_map, pointwise, rule_of
 
 
@@ -88,7 +88,7 @@ def elementwise(fn: Callable[[jax.Array], jax.Array], rule: Rule, name: str,
 
 
 def _centred_channels(k: Kernel, fn: Callable, gaussian_rule: Callable[[Kernel], Kernel]):
-    """A homogeneous ``f`` after eval-mode BatchNorm without shifts (:attr:`ChannelMap.centred`), in
+    """A homogeneous ``f`` after eval-mode BatchNorm without shifts (``ChannelMap.centred``), in
     closed form: with ``y_c = a_c h``, ``E[f(y_c) f(y'_c)] = a_c**2 E[f(h) f(h')]`` and
     ``E[f'(y_c) f'(y'_c)] = E[f'(h) f'(h')]`` (the law of ``(h, h')`` is symmetric), so the NNGP
     and covariances scale by ``mean(a**2)``; the NTK is ``mean(a**2) E[f'f'] Theta``, plus for a
