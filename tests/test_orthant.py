@@ -16,7 +16,13 @@ from ntbridge.stax.orthant import _channel_terms, _groups, orthant, quadrant_mom
 from ntbridge.stax.piecewise import Piece, Pieces, piecewise_rule
 from ntbridge.stax.sources import ChannelMap
 
-jax.config.update("jax_enable_x64", True)
+
+@pytest.fixture(autouse=True)
+def _x64():
+    """float64 in this module's tests only (the references are float64)."""
+    with jax.enable_x64(True):
+        yield
+
 
 RHOS = [-1.0, -0.9999999, -0.99, -0.93, -0.92, -0.5, 0.0, 0.3, 0.9, 0.925, 0.97, 0.9999999, 1.0]
 THRESHOLDS = [(0.3, 0.3), (0.3, 0.3 + 1e-6), (1.5, 1.49), (-2.0, -2.1), (0.0, 0.0), (3.0, -3.0),
