@@ -22,7 +22,7 @@ what to compute, and calls :func:`run`:
 Beside :func:`run`, two paths share steps 1 and 2: :func:`sample` (Monte-Carlo estimates: many
 executions of one prepared request, or, for models without a converter, one empirical request per
 torch-side re-initialisation) and :func:`expectation_error` (a prepared analytic request evaluated
-for each replicate of its numerical rules, in one piece).
+once per replicate of its numerical rules, in one piece).
 
 Example:
     >>> outcome = run(Request(model, x1, None, Analytic("ntk")))
@@ -52,7 +52,7 @@ from .empirical.reinit import check_resettable, reinitialise
 from .errors import InputError, InputTypeError, ShapeError, UnsupportedLayerError
 from .results import Estimate
 from .specs import Analytic, EmpiricalNNGP, EmpiricalNTK, MonteCarlo, Spec
-from .stax.covariances import evaluate_error, replicates_fn
+from .stax.covariances import evaluate_error, replicate_fn
 from .tiling import Batching, TilingInfo
 
 # spec type -> builder(spec, graph, x1, x2, platform) -> (Task, info); x1, x2 shapes and dtypes
@@ -226,7 +226,7 @@ def run(request: Request) -> Outcome:
 def expectation_error(request: Request) -> float:
     """The estimated relative error of the request's analytic kernels (``Analytic`` spec) where
     their rules are numerical expectations (``ntbridge.expectation_error``): the prepared request
-    evaluated for every replicate of the rule, in one piece (no tiling), by one program per
+    evaluated once per replicate of the rule, in one piece (no tiling), by one program per
     model and inputs' shapes (an entry of the program cache)."""
     _, x1, x2, graph, _ = prepared = prepare(request)
     names = (request.spec.get,) if isinstance(request.spec.get, str) else tuple(request.spec.get)
@@ -236,10 +236,10 @@ def expectation_error(request: Request) -> float:
         pairs = len(a1) * len(a1 if a2 is None else a2)
         kind = "small" if small_program(pairs, math.prod(a1.shape[1:])) else "default"
         devices = list(a1.devices())
-        replicates = programs.cached(key, lambda: programs.compile(
-            key, lambda: jax.jit(replicates_fn(graph.network, names)).lower(a1, a2), devices,
+        alone = programs.cached(key, lambda: programs.compile(
+            key, lambda: jax.jit(replicate_fn(graph.network, names)).lower(a1, a2, 0), devices,
             kind))
-        return evaluate_error(graph.network, a1, a2, names, replicates)
+        return evaluate_error(graph.network, a1, a2, names, alone)
 
 
 def sample(request: Request, n_samples: int | Sequence[int]) -> Iterator[Estimate]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .combinators import After
@@ -99,15 +98,14 @@ def evaluate(network: Layer, x1: jax.Array, x2: jax.Array | None, names: tuple[s
 
 
 def evaluate_error(network: Layer, x1: jax.Array, x2: jax.Array | None,
-                   names: tuple[str, ...], replicates: Callable | None = None) -> float:
+                   names: tuple[str, ...], alone: Callable | None = None) -> float:
     """The relative error of the kernels ``names`` where the network's rules are numerical
     expectations with independent replicates (``Layer.replicates``, e.g. attention's): the kernels
     computed once per replicate alone, their largest standard error over the largest entry of
     their mean (an error bar of the kernel computed with all replicates, to first order in the
-    rules' errors); 0 where every rule is exact. One program, ``replicates`` (the compiled
-    :func:`replicates_fn`; None: compile it here), computes every replicate at once, as a map
-    over the replicate's index: the layers whose rules are exact (a closed form after BatchNorm,
-    every affine layer) run once, not once per replicate.
+    rules' errors); 0 where every rule is exact. One program, called once per replicate (the
+    memory of one kernel computation): ``alone``, the compiled :func:`replicate_fn` (None: compile
+    it here).
 
     Example:
         >>> evaluate_error(serial(Dense(3, 4, W_std=1., b_std=0.)), jnp.ones((2, 3)), None,
@@ -117,18 +115,17 @@ def evaluate_error(network: Layer, x1: jax.Array, x2: jax.Array | None,
     r = network.replicates
     if r < 2:
         return 0.0
-    runs = (replicates or jax.jit(replicates_fn(network, names)))(x1, x2)
+    alone = alone or jax.jit(replicate_fn(network, names))
+    runs = [alone(x1, x2, i) for i in range(r)]
     errors = []
     for name in names:
-        v = np.asarray(runs[name])
+        v = np.stack([np.asarray(run[name]) for run in runs])
         scale = max(np.abs(v.mean(0)).max(), np.finfo(v.dtype).tiny)
         errors.append(v.std(0, ddof=1).max() / r ** 0.5 / scale)
     return float(max(errors))
 
 
-def replicates_fn(network: Layer, names: tuple[str, ...]) -> Callable:
-    """``fn(x1, x2)``: the kernels ``names`` of the network with each replicate of its numerical
-    rules alone, stacked along a leading axis (what :func:`evaluate_error` calls)."""
-    one = lambda a1, a2, i: evaluate(network, a1, a2, names, replicate=i)
-    indices = jnp.arange(max(network.replicates, 1))
-    return lambda a1, a2: jax.vmap(one, in_axes=(None, None, 0))(a1, a2, indices)
+def replicate_fn(network: Layer, names: tuple[str, ...]) -> Callable:
+    """``fn(x1, x2, i)``: the kernels ``names`` of the network with replicate ``i`` of its numerical
+    rules alone (what :func:`evaluate_error` calls once per replicate)."""
+    return lambda a1, a2, i: evaluate(network, a1, a2, names, replicate=i)
