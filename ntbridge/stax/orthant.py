@@ -164,17 +164,21 @@ def shifted_channels(k: Kernel, fn: Callable, slopes: tuple[float, float]) -> Ke
     base, cmap = k.sources.base, k.sources.ops[0]
     groups = jnp.asarray(_groups(cmap), base.nngp.dtype)
     q = variances(base)
+    sides = ("nngp", "cov1") if k.x1_is_x2 else ("nngp", "cov1", "cov2")
+    # every entry of the three arrays in one scan (one program body per layer, not three)
+    flat = [jnp.broadcast_arrays(getattr(base, side), *q[side]) for side in sides]
+    c, q1, q2 = (jnp.concatenate([f[j].ravel() for f in flat]) for j in range(3))
 
-    def mean(c, side):
-        def step(acc, group):
-            terms = _channel_terms(c, *q[side], group, slopes, cmap)
-            return tuple(a + group[0] * t for a, t in zip(acc, terms)), None
+    def step(acc, group):
+        terms = _channel_terms(c, q1, q2, group, slopes, cmap)
+        return tuple(a + group[0] * t for a, t in zip(acc, terms)), None
 
-        zero = jnp.zeros(jnp.broadcast_shapes(c.shape, *(v.shape for v in q[side])), c.dtype)
-        return jax.lax.scan(step, (zero, zero, zero), groups)[0]
-
-    nngp, carried, own = mean(base.nngp, "nngp")
-    cov1 = mean(base.cov1, "cov1")[0]
-    return k.replace(nngp=nngp, ntk=None if base.ntk is None else carried * base.ntk + own,
-                     cov1=cov1, cov2=cov1 if k.x1_is_x2 else mean(base.cov2, "cov2")[0],
+    zero = jnp.zeros_like(c)
+    nngp, carried, own = jax.lax.scan(step, (zero, zero, zero), groups)[0]
+    ends = np.cumsum([f[0].size for f in flat])[:-1]
+    values = [v.reshape(f[0].shape) for v, f in zip(jnp.split(nngp, ends), flat)]
+    shape = flat[0][0].shape
+    carried, own = carried[:ends[0]].reshape(shape), own[:ends[0]].reshape(shape)
+    return k.replace(nngp=values[0], ntk=None if base.ntk is None else carried * base.ntk + own,
+                     cov1=values[1], cov2=values[1] if k.x1_is_x2 else values[2],
                      is_gaussian=False, sources=Sources(base=base, ops=(cmap, fn)))
