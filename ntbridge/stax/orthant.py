@@ -8,11 +8,11 @@ For ``(Z1, Z2)`` standard normal with correlation ``rho``, :func:`orthant` is ``
 (the method of Drezner and Wesolowsky); nearer +-1 as ``Phi(-max(h, k))`` minus the integral from
 ``rho`` to 1, in ``t = sqrt(1 - r**2)``, where the density's factor ``exp(-(h - k)**2 / (2 t**2))``
 turns sharp: its products with the first three Taylor terms of the rest are integrated in closed
-form, and Gauss-Legendre takes the remainder (Genz's refinement). Within 1e-15 of 30-digit
+form, and Gauss-Legendre takes the remainder (Genz's refinement). Within 1e-14 of 30-digit
 integration in float64 (tests/test_orthant.py). :func:`quadrant_moments` adds ``E[Z1; Q]``,
 ``E[Z2; Q]`` and ``E[Z1 Z2; Q]`` on the quadrant ``Q`` (Rosenbaum's formulas).
 
-The kernel (:func:`shifted_channels_rule`): each channel ``c`` of BatchNorm's output is
+The kernel (:func:`shifted_channels`): each channel ``c`` of BatchNorm's output is
 ``y = A_c u + D_c`` of a centred Gaussian ``u``; an ABReLU ``f(y) = s y + (t - s) max(y, 0)`` has
 ``f(y) = y f'(y)``, so every term is a moment of two Gaussians weighted by the indicators of the
 half planes where ``f'`` is ``t``, in closed form. Channels with equal constants are grouped; the
