@@ -14,6 +14,7 @@ import pytest
 
 from ntbridge.stax.orthant import _channel_terms, _groups, orthant, quadrant_moments
 from ntbridge.stax.piecewise import Piece, Pieces, piecewise_rule
+from ntbridge.stax.quadrature import correlation
 from ntbridge.stax.sources import ChannelMap
 
 
@@ -95,7 +96,7 @@ def test_channel_terms_match_the_piecewise_rule(slopes):
     units = (a * a * np.sqrt(q1 * q2) + d * d, a * a, np.sqrt(q1 * q2) / s ** 2 + 1)
     for dtype, tol in ((jnp.float64, 1e-10), (jnp.float32, 1e-5)):
         group = [jnp.asarray(v, dtype) for v in (0 * a, a, d, mu / s, 1 / s)]
-        terms = jax.jit(lambda *e: _channel_terms(*e, group, slopes, cmap))
+        terms = jax.jit(lambda *e: _channel_terms(*correlation(*e), group, slopes, cmap))
         got = terms(*(jnp.asarray(v, dtype) for v in (c, q1, q2)))
         for name, g, w, unit in zip(("nngp", "carried", "own"), got, want, units):
             error = np.abs(np.asarray(g, np.float64) - np.asarray(w)) / unit
@@ -115,7 +116,8 @@ def test_a_channel_of_zero_scale_is_a_constant():
     cmap = ChannelMap((), (), (), (), gamma=True, beta=False)
     for big_d, slope in ((0.7, 1.0), (-0.7, 0.01)):
         group = jnp.array([1.0, 0.0, big_d, 0.2, 0.5])  # share, A, D, mu / s, 1 / s
-        nngp, carried, own = _channel_terms(0.3, 1.0, 2.0, group, (0.01, 1.0), cmap)
+        entry = correlation(*(jnp.array(v) for v in (0.3, 1.0, 2.0)))
+        nngp, carried, own = _channel_terms(*entry, group, (0.01, 1.0), cmap)
         np.testing.assert_allclose([nngp, carried, own],
                                    [(slope * big_d) ** 2, 0.0, slope ** 2 * (0.3 * 0.25 + 0.04)],
                                    rtol=1e-12)
@@ -126,7 +128,7 @@ def test_gradients_are_finite_at_degenerate_entries():
     """Correlations +-1, zero variances, zero covariance."""
     cmap = ChannelMap((1.5,), (-0.4,), (0.3,), (1.2,), gamma=True, beta=True)
     group = jnp.asarray(_groups(cmap)[0])
-    total = lambda *e: sum(_channel_terms(*e, group, (0.01, 1.0), cmap))
+    total = lambda *e: sum(_channel_terms(*correlation(*e), group, (0.01, 1.0), cmap))
     entries = np.array([(1.0, 1.0, 1.0), (-1.0, 1.0, 1.0), (0.0, 0.0, 1.0), (0.0, 0.0, 0.0),
                         (0.5, 0.25, 1.0)]).T
     grads = jax.jit(jax.vmap(jax.grad(total, argnums=(0, 1, 2))))(*entries)

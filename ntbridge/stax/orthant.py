@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .kernel import Kernel, safe_reciprocal, safe_sqrt, variances
+from .quadrature import correlation
 from .sources import ChannelMap, Sources
 
 NODES = {jnp.dtype(jnp.float32): 10, jnp.dtype(jnp.float64): 20}  # Gauss-Legendre nodes
@@ -132,12 +133,11 @@ def _groups(cmap: ChannelMap) -> np.ndarray:
     return np.concatenate([(counts / len(a))[:, None], unique], 1)
 
 
-def _channel_terms(c, q1, q2, group, slopes: tuple[float, float], cmap: ChannelMap):
+def _channel_terms(root1, root2, rho, group, slopes: tuple[float, float], cmap: ChannelMap):
     """One group's ``(E[f(y) f(y')], A**2 E[f'f'], own NTK terms)`` for an ABReLU ``f`` of slopes
-    ``slopes`` (below, above 0) and ``y = A u + D`` (see module doc)."""
+    ``slopes`` (below, above 0) and ``y = A u + D``, at entries of standard deviations ``root1``,
+    ``root2`` and correlation ``rho`` (:func:`~.quadrature.correlation`; see module doc)."""
     _, big_a, big_d, mu_s, inv_s = group
-    root1, root2 = safe_sqrt(q1), safe_sqrt(q2)
-    rho = jnp.clip(c * safe_reciprocal(root1 * root2), -1, 1)
     scale1, scale2 = jnp.abs(big_a) * root1, jnp.abs(big_a) * root2
     # thresholds of y > 0 in standard units; a constant y (a zero scale or variance): +-infinity
     h1, h2 = (jnp.clip(jnp.where(s > 0, -big_d * safe_reciprocal(s), -jnp.sign(big_d) * _CLIP),
@@ -167,13 +167,14 @@ def shifted_channels(k: Kernel, fn: Callable, slopes: tuple[float, float]) -> Ke
     sides = ("nngp", "cov1") if k.x1_is_x2 else ("nngp", "cov1", "cov2")
     # every entry of the three arrays in one scan (one program body per layer, not three)
     flat = [jnp.broadcast_arrays(getattr(base, side), *q[side]) for side in sides]
-    c, q1, q2 = (jnp.concatenate([f[j].ravel() for f in flat]) for j in range(3))
+    # the groups' common part, once
+    entries = correlation(*(jnp.concatenate([f[j].ravel() for f in flat]) for j in range(3)))
 
     def step(acc, group):
-        terms = _channel_terms(c, q1, q2, group, slopes, cmap)
+        terms = _channel_terms(*entries, group, slopes, cmap)
         return tuple(a + group[0] * t for a, t in zip(acc, terms)), None
 
-    zero = jnp.zeros_like(c)
+    zero = jnp.zeros_like(entries[2])
     nngp, carried, own = jax.lax.scan(step, (zero, zero, zero), groups)[0]
     ends = np.cumsum([f[0].size for f in flat])[:-1]
     values = [v.reshape(f[0].shape) for v, f in zip(jnp.split(nngp, ends), flat)]

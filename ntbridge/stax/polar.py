@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .kernel import safe_reciprocal, safe_sqrt
-from .quadrature import Function, Rule, value_and_slope
+from .kernel import safe_sqrt
+from .quadrature import Function, Rule, correlation, value_and_slope
 
 # dtype -> ((radial nodes, range of t), (angular nodes per sector, tanh-sinh half range))
 POLAR = {jnp.dtype(jnp.float32): ((16, -8.0, 5.5), (20, 2.25)),
@@ -86,8 +86,7 @@ def polar_rule(fn: Function) -> Rule:
         c, q1, q2 = jnp.broadcast_arrays(c, q1, q2)
         radial, angular = POLAR[jnp.dtype(c.dtype)]
         radius, radius_weight = (jnp.asarray(a, c.dtype) for a in radial_rule(*radial))
-        root1, root2 = safe_sqrt(q1), safe_sqrt(q2)
-        cos = jnp.clip(c * safe_reciprocal(root1 * root2), -1, 1)
+        root1, root2, cos = correlation(c, q1, q2)
         phi = jnp.arctan2(safe_sqrt(1 - cos * cos), cos)
         # one step per (sector, angular node); sectors 3, 4 are sectors 1, 2 turned by pi
         x, w = tanh_sinh(*angular)

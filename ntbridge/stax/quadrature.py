@@ -60,6 +60,13 @@ def value_and_slope(fn: Function, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jax.jvp(fn, (x,), (jnp.ones_like(x),))
 
 
+def correlation(c: jax.Array, q1: jax.Array, q2: jax.Array) -> tuple[jax.Array, ...]:
+    """``(sqrt(q1), sqrt(q2), rho)``: the correlation ``c / sqrt(q1 q2)`` clipped to [-1, 1] (its
+    rounding can pass 1), 0 where a variance is 0."""
+    root1, root2 = safe_sqrt(q1), safe_sqrt(q2)
+    return root1, root2, jnp.clip(c * safe_reciprocal(root1 * root2), -1, 1)
+
+
 def spread(c: jax.Array, q1: jax.Array, q2: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(sqrt(q1), r, s)`` of the module doc, finite (0) where a variance is 0."""
     root1 = safe_sqrt(q1)

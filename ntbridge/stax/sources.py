@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import UnsupportedLayerError
-from .kernel import Kernel, safe_reciprocal, safe_sqrt, variances
+from .kernel import Kernel, safe_sqrt, variances
+from .quadrature import correlation
 from .softmax_moments import Rule
 
 SAMPLING = Rule(points=256, replicates=8, seed=0, chunk=0)  # 2048 samples of every entry
@@ -165,8 +166,7 @@ def _pairs(c, q1, q2, z):
     rounding, grown through residual blocks, put a ResNet-34's NNGP 28% off."""
     shape = (z.shape[0], *jnp.broadcast_shapes(c.shape, q1.shape, q2.shape))
     e = lambda j: z[:, j].reshape(-1, *[1] * (len(shape) - 1))
-    r1, r2 = safe_sqrt(q1), safe_sqrt(q2)
-    rho = jnp.clip(c * safe_reciprocal(r1 * r2), -1, 1)
+    r1, r2, rho = correlation(c, q1, q2)
     u, v = r1 * e(0), r2 * (rho * e(0) + safe_sqrt((1 - rho) * (1 + rho)) * e(1))
     return jnp.broadcast_to(u, shape), jnp.broadcast_to(v, shape)
 
