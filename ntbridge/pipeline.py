@@ -227,7 +227,7 @@ def expectation_error(request: Request) -> float:
     """The estimated relative error of the request's analytic kernels (``Analytic`` spec) where
     their rules are numerical expectations (``ntbridge.expectation_error``): the prepared request
     evaluated once per replicate of the rule, in one piece (no tiling), by one program per
-    model and inputs' shapes (an entry of the program cache)."""
+    model and inputs' shapes (an entry of the program cache); exact rules compile nothing."""
     _, x1, x2, graph, _ = prepared = prepare(request)
     names = (request.spec.get,) if isinstance(request.spec.get, str) else tuple(request.spec.get)
     with precision_of(prepared.request, x1):
@@ -236,10 +236,10 @@ def expectation_error(request: Request) -> float:
         pairs = len(a1) * len(a1 if a2 is None else a2)
         kind = "small" if small_program(pairs, math.prod(a1.shape[1:])) else "default"
         devices = list(a1.devices())
-        alone = programs.cached(key, lambda: programs.compile(
+        compiled = lambda: programs.cached(key, lambda: programs.compile(
             key, lambda: jax.jit(replicate_fn(graph.network, names)).lower(a1, a2, 0), devices,
             kind))
-        return evaluate_error(graph.network, a1, a2, names, alone)
+        return evaluate_error(graph.network, a1, a2, names, compiled)  # exact rules: no program
 
 
 def sample(request: Request, n_samples: int | Sequence[int]) -> Iterator[Estimate]:

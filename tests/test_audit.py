@@ -1,6 +1,6 @@
 """An audit of every analytic family against wide models at their own width, as torch builds them.
 
-For each family, 96 to 256 fresh models are constructed by their own constructors (torch's
+For each family, 48 to 128 fresh models are constructed by their own constructors (torch's
 uniform init; torch's ``N(0, 1)`` embeddings; the copies ``nn.TransformerEncoder`` makes of its
 layer; class tokens and positions drawn by the model as ViT and BERT draw them, ``0.02 *
 torch.randn``), and their empirical NNGP (output covariance averaged over the output units) and
@@ -14,7 +14,7 @@ are close to Gaussian, as the analytic kernel assumes: with few inputs the unifo
 differs from the Gaussian one at any width (docs/empirical.md, benchmarks/README.md). The models'
 finite width biases their mean kernels by about 1% of the largest entry (0.7% for the graph
 network's NTK at 256 channels, 0.2% at 1024), below the resolution of these samples (standard
-errors of 0.1-1.3%).
+errors of 0.1-1.8%).
 """
 
 from collections.abc import Callable
@@ -41,7 +41,7 @@ class Case:
 
     build: Callable[[], nn.Module]
     inputs: Callable[[torch.Generator], torch.Tensor]
-    samples: int = 128
+    samples: int = 64
     attention: bool = False
 
 
@@ -170,18 +170,18 @@ class Elementwise(nn.Module):
 
 
 CASES = {
-    "attention": Case(Attention, normal(3, 4, WIDTH), samples=96, attention=True),
+    "attention": Case(Attention, normal(3, 4, WIDTH), samples=48, attention=True),
     "embeddings, positions, encoder copies": Case(
         lambda: TextClassifier().eval(),
-        lambda gen: torch.tensor([[1, 2, 3, 4], [3, 5, 6, 1], [7, 7, 8, 2]]), samples=96,
+        lambda gen: torch.tensor([[1, 2, 3, 4], [3, 5, 6, 1], [7, 7, 8, 2]]), samples=48,
         attention=True),
     "class token, positions, patches": Case(lambda: VisionTransformer().eval(),
                                             normal(3, 8, 4, 8), attention=True),
     "batchnorm": Case(batchnorm, normal(3, 16, 4, 4)),
     "transposed convolutions": Case(transposed, normal(3, 64, 2, 2)),
-    "resizing": Case(resized, normal(3, 32, 2, 2), samples=256),
-    "products": Case(Gated, normal(3, 64), samples=256),
-    "graphs": Case(GraphNet, normal(3, 32, 5), samples=256),
+    "resizing": Case(resized, normal(3, 32, 2, 2), samples=128),
+    "products": Case(Gated, normal(3, 64), samples=128),
+    "graphs": Case(GraphNet, normal(3, 32, 5), samples=128),
     "elementwise functions": Case(Elementwise, normal(3, 128)),
 }
 

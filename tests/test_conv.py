@@ -21,14 +21,23 @@ NTK_RTOL = 10 * torch.finfo(torch.float64).eps ** 0.5
 
 def assert_forward_matches(model: nn.Module, x: torch.Tensor) -> None:
     """The translated ``apply_fn`` reproduces ``model(x)`` to the dtype's tolerance (max-norm)."""
-    model = model.to(x.dtype)
-    with precision(x.dtype):
-        graph = ntbridge.convert(model)
-        got = to_torch(jax.jit(graph.apply_fn)(graph.params, to_jax(x)))
-    expected = model(x).detach()
-    assert got.shape == expected.shape
-    error = (got - expected).abs().max() / expected.abs().max()
-    assert error <= TOLERANCE[x.dtype], f"relative error {error:.2e}"
+    assert_forwards_match([model], [x])
+
+
+def assert_forwards_match(models: list[nn.Module], xs: list[torch.Tensor]) -> None:
+    """:func:`assert_forward_matches` for each model and its input, all of them in one compiled
+    program (one compile, not one per model: most of their time)."""
+    dtype = xs[0].dtype
+    models = [model.to(dtype) for model in models]
+    with precision(dtype):
+        graphs = [ntbridge.convert(model) for model in models]
+        outs = jax.jit(lambda ps, xs: [g.apply_fn(p, x) for g, p, x in zip(graphs, ps, xs)])(
+            [g.params for g in graphs], [to_jax(x) for x in xs])
+    for model, x, got in zip(models, xs, outs):
+        got, expected = to_torch(got), model(x).detach()
+        assert got.shape == expected.shape
+        error = (got - expected).abs().max() / expected.abs().max()
+        assert error <= TOLERANCE[dtype], f"{model}: relative error {error:.2e}"
 
 
 CONVS = [

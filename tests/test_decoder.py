@@ -115,11 +115,12 @@ def test_cross_attention_on_one_sequence_is_self_attention():
 @pytest.mark.slow
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 def test_a_decoder_matches_fresh_wide_models(norm_first):
-    # 128 channels in 8 heads: the mean of 48 fresh models' empirical NNGP and NTK (every pair of
+    # 128 channels in 8 heads: the mean of 32 fresh models' empirical NNGP and NTK (every pair of
     # target tokens) within 5 standard errors of the kernel; with the memory scaled by 1.5 in the
-    # kernel alone, the NTK lies 24 standard errors off (the test can fail)
+    # kernel alone, the NTK lies 22 (post-norm) and 27 (pre-norm) standard errors off (the test
+    # can fail)
     x = pair()
-    nngps, ntks = fresh_kernels(lambda: Decoder(128, 8, norm_first).eval(), x, 48, seed=100)
+    nngps, ntks = fresh_kernels(lambda: Decoder(128, 8, norm_first).eval(), x, 32, seed=100)
     k = ntbridge.kernel(Decoder(128, 8, norm_first).double().eval(), x)
     for get, samples in (("nngp", nngps), ("ntk", ntks)):
         exact = getattr(k, get)
@@ -131,11 +132,12 @@ def test_a_decoder_matches_fresh_wide_models(norm_first):
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 def test_cloned_decoder_layers_match_fresh_wide_models(norm_first):
     # nn.TransformerDecoder(layer, 2) as torch builds it (its layers deep copies of one) at width
-    # 128: the fresh models' mean kernels lie within 5 combined standard errors (the samples' and
-    # the attention rule's own) of the kernel of copies, and not of independent layers' (measured
-    # max z: 2.7 and 3.7 post-norm, 3.0 and 2.8 pre-norm; independent: 11 and 18, 17 and 2.5)
+    # 128: the mean kernels of 24 fresh models lie within 5 combined standard errors (the samples'
+    # and the attention rule's own) of the kernel of copies, and not of independent layers'
+    # (measured max z, NNGP and NTK: 3.2 and 3.5 post-norm, 3.6 and 3.1 pre-norm; independent:
+    # 8.9 and 16, 12 and 2.8)
     x = pair()
-    samples = fresh_kernels(lambda: Decoder(128, 8, norm_first, layers=2).eval(), x, 48, seed=100)
+    samples = fresh_kernels(lambda: Decoder(128, 8, norm_first, layers=2).eval(), x, 24, seed=100)
     model = Decoder(128, 8, norm_first, layers=2).double().eval()
     error = ntbridge.expectation_error(model, x)
     worst = {sharing: max(z_scores(s, getattr(ntbridge.kernel(model, x, shared_weights=sharing),

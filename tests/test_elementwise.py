@@ -1,6 +1,7 @@
 """Elementwise functions without a module, traced by fx (torch.exp, torch.sin, x ** k, chains such
 as exp(-h ** 2)): forward passes as torch's, kernels against adaptive integration, Monte-Carlo."""
 
+import functools
 import math
 
 import numpy as np
@@ -67,9 +68,12 @@ def test_forward_is_torchs(i):
     torch.testing.assert_close(got, model(x), rtol=1e-12, atol=1e-12)
 
 
-def _references(i, pre):
-    """``(a, b, (NNGP, its scale), (NTK, its scale))`` for every pair of the three examples."""
+@functools.cache  # the same for both dtypes (and the quick test): adaptive integration is slow
+def _references(i):
+    """``(a, b, (NNGP, its scale), (NTK, its scale))`` for every pair of the three examples, of
+    the first layer's float64 kernel ``pre``."""
     _, _, f, df, kinks = CASES[i]
+    pre = ntbridge.kernel(nn.Linear(3, 512, bias=False).double(), inputs(), W_std=1.0)
     q = pre.nngp.diagonal().tolist()
     out = []
     for a in range(3):
@@ -88,11 +92,9 @@ def _references(i, pre):
 def test_kernels_match_adaptive_integration(i, dtype, rtol):
     """NNGP = E[f(u) f(v)] and NTK = E[f'(u) f'(v)] x the pre-activation's NTK, (u, v) Gaussian
     with the first layer's NNGP, relative to the scale sqrt(E f(u)^2 E f(v)^2)."""
-    x = inputs(dtype)
-    pre = ntbridge.kernel(nn.Linear(3, 512, bias=False).double(), x.double(), W_std=1.0)
-    k = ntbridge.kernel(Applied(CASES[i][1]).to(dtype), x, W_std=1.0)
+    k = ntbridge.kernel(Applied(CASES[i][1]).to(dtype), inputs(dtype), W_std=1.0)
     assert k.nngp.dtype == dtype
-    for a, b, (nngp, nngp_scale), (ntk, ntk_scale) in _references(i, pre):
+    for a, b, (nngp, nngp_scale), (ntk, ntk_scale) in _references(i):
         assert abs(float(k.nngp[a, b]) - nngp) <= rtol * nngp_scale, ("NNGP", a, b)
         # With a kink, E[f'(u) f'(v)] has an infinite slope in the correlation at 1 (as ReLU's):
         # float32's rounding of an example's correlation with itself (1e-7) moves it by ~3e-4.

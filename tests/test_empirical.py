@@ -5,6 +5,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -100,26 +101,37 @@ CONVS = {  # stax.Conv arguments: 1D and 2D, stride, padding (zeros, "same", cir
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", CONVS)
 def test_conv_structure_is_the_weight_gradient(name):
     """sum_p outer(rows(g)[p], patches[p]) is the gradient of <g, conv(x)> (float64, exact)."""
     kwargs = {"W_std": 1.0, "b_std": 0.5, **CONVS[name]}
     conv = stax.Conv(**kwargs)
-    with jax.enable_x64(True):
-        shape = (2, kwargs["in_channels"], *(9, 8)[:len(kwargs["kernel_size"])])
-        y_shape, params = conv.init_fn(jax.random.key(0), shape)
-        params = jax.tree.map(lambda a: a.astype(jnp.float64), params)
-        x = jax.random.normal(jax.random.key(1), shape, jnp.float64)
-        g = jax.random.normal(jax.random.key(2), y_shape, jnp.float64)
+    names = []
+
+    def both(params, x, g):  # the gradient and the structure's factors, in one program
         grads = jax.grad(lambda p: jnp.vdot(g, conv.apply_fn(p, x)))(params)
         rules = conv.structure(params, x)
-        assert set(rules) == set(params)
+        names.extend(rules)
         weight = jnp.einsum("npc,npk->ck", rules["weight"].rows(g), rules["weight"].patches)
         expected = jnp.moveaxis(grads["weight"], 1, -1).reshape(weight.shape)  # (out, J, in / G)
-        assert jnp.allclose(weight, expected, rtol=1e-12, atol=1e-12)
+        bias = (rules["bias"].rows(g).sum((0, 1)), grads["bias"]) if "bias" in params else ()
+        return weight, expected, bias
+
+    # Gaussian draws by numpy: jax.random's float64 normal alone compiles for seconds
+    rng = np.random.default_rng(0)
+    draw = lambda s: rng.standard_normal(s.shape)
+    with jax.enable_x64(True):
+        shape = (2, kwargs["in_channels"], *(9, 8)[:len(kwargs["kernel_size"])])
+        params = jax.tree.map(draw, jax.eval_shape(lambda: conv.init_fn(jax.random.key(0),
+                                                                         shape)[1]))
+        x = draw(jax.ShapeDtypeStruct(shape, jnp.float64))
+        g = draw(jax.eval_shape(conv.apply_fn, params, x))
+        weight, expected, bias = jax.jit(both)(params, x, g)
+        assert set(names) == set(params)
+        assert weight.dtype == jnp.float64
+        assert np.allclose(weight, expected, rtol=1e-12, atol=1e-12)
         if "bias" in params:
-            assert jnp.allclose(rules["bias"].rows(g).sum((0, 1)), grads["bias"], rtol=1e-12)
+            assert np.allclose(*bias, rtol=1e-12)
 
 
 @pytest.mark.slow
@@ -223,15 +235,14 @@ def test_auto_reports_its_choice_and_caches_it():
     assert ntbridge.empirical_ntk(model, x1 + 1, x2, return_info=True)[1] is info  # cached
 
 
-@pytest.mark.slow
 def test_jax_level_bare_apply_fn():
     """A bare apply_fn and a params pytree: jacobian and ntvp; by_layer groups the top-level keys."""
     params = {"a": jnp.arange(6.0).reshape(2, 3) / 5, "b": jnp.array([0.5, -1.0])}
     apply_fn = lambda p, x: jnp.tanh(x @ p["a"].T) * p["b"]
     x1, x2 = jnp.linspace(-1, 1, 12).reshape(4, 3), jnp.ones((2, 3))
     j = lambda x: jax.vmap(jax.jacrev(lambda p, xi: apply_fn(p, xi[None])[0]), (None, 0))(params, x)
-    j1, j2 = j(x1), j(x2)
-    want = {k: jnp.einsum("no...,mp...->nmop", j1[k], j2[k]) for k in params}
+    want = jax.jit(lambda x1, x2: {k: jnp.einsum("no...,mp...->nmop", j(x1)[k], j(x2)[k])
+                                   for k in params})(x1, x2)  # one program, not op by op
     for impl in ("jacobian", "ntvp", "auto"):
         parts, info = empirical_ntk_fn(apply_fn, impl)(params, x1, x2, trace_axes=(),
                                                         by_layer=True, return_info=True)

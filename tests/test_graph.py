@@ -13,7 +13,7 @@ import ntbridge
 from ntbridge import errors
 
 from montecarlo import assert_within_standard_error, check_architecture, sample_kernels
-from test_conv import assert_forward_matches
+from test_conv import assert_forwards_match
 from test_indexing import assert_linear_kernels
 
 V = 6
@@ -63,11 +63,10 @@ def test_aggregation_kernels_are_exact(name):
     assert network.full_spatial
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_forwards_match_torch(dtype):
-    for fn, sparse in FORMS.values():
-        assert_forward_matches(Aggregated(fn, sparse=sparse), _x(dtype=dtype))
+    assert_forwards_match([Aggregated(fn, sparse=sparse) for fn, sparse in FORMS.values()],
+                          [_x(dtype=dtype) for _ in FORMS])
 
 
 @pytest.mark.slow

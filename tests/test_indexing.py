@@ -16,7 +16,7 @@ from ntbridge.stax import input_kernel
 
 from montecarlo import check_architecture
 from reference import channel_averaged_ntk
-from test_conv import assert_forward_matches
+from test_conv import assert_forwards_match
 from test_transpose import same_positions
 
 
@@ -95,11 +95,9 @@ def test_kernels_of_linear_maps_are_exact(name):
     assert network.full_spatial == LINEAR[name][2]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_forwards_match_torch(dtype):
-    for name in LINEAR:
-        assert_forward_matches(_model(name), _x(dtype=dtype))
+    assert_forwards_match([_model(name) for name in LINEAR], [_x(dtype=dtype) for _ in LINEAR])
 
 
 @pytest.mark.slow

@@ -281,7 +281,7 @@ def test_a_new_size_runs_a_larger_program_padded_once(monkeypatch):
     monkeypatch.setattr(programs, "compile", lambda *a, **k: built.append(1) or original(*a, **k))
     programs.clear()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.Tanh(), nn.Flatten(),
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Flatten(),
                           nn.Linear(3 * 25, 2)).double()
     x = torch.randn(16, 2, 5, 5, dtype=torch.float64)
     kernels = lambda *xs: ntbridge.kernel(model, *xs, get=("nngp", "ntk"))

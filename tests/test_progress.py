@@ -12,7 +12,6 @@ import termios
 import pytest
 
 import torch
-from torch import nn
 
 import ntbridge
 from helpers import mlp

@@ -7,7 +7,6 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
 
 import ntbridge
 from ntbridge.errors import InitMismatchWarning

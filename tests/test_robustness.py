@@ -34,23 +34,24 @@ def test_identical_and_nearly_identical_inputs(dtype):
     model = mlp(3, [16, 16], 1)
     x = inputs(dtype=dtype)
     x = torch.cat([x, x[:2], x[:2] + 1e-7 * torch.ones_like(x[:2])])  # repeated and nearly so
-    for fn in (ntbridge.ntk, ntbridge.nngp, ntbridge.empirical_ntk):
-        k = fn(model if fn is not ntbridge.empirical_ntk else model.to(dtype), x)
-        assert_sane(k)
-        # an example with itself, its copy and a 1e-7 neighbour: equal up to rounding and O(1e-7)
-        torch.testing.assert_close(k[4:6, 4:6], k[:2, :2], rtol=0, atol=0)
-        torch.testing.assert_close(k[6:, 6:], k[:2, :2], rtol=1e-5, atol=0)
-        torch.testing.assert_close(fn(model, x, x.clone()), k, rtol=1e-5, atol=0)
+    analytic = lambda *xs: tuple(ntbridge.kernel(model, *xs))  # the NTK and the NNGP in one call
+    empirical = lambda *xs: (ntbridge.empirical_ntk(model.to(dtype), *xs),)
+    for fn in (analytic, empirical):
+        for k, again in zip(fn(x), fn(x, x.clone())):
+            assert_sane(k)
+            # an example with itself, its copy and a 1e-7 neighbour: equal up to rounding, O(1e-7)
+            torch.testing.assert_close(k[4:6, 4:6], k[:2, :2], rtol=0, atol=0)
+            torch.testing.assert_close(k[6:, 6:], k[:2, :2], rtol=1e-5, atol=0)
+            torch.testing.assert_close(again, k, rtol=1e-5, atol=0)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [True, False])
 def test_zero_inputs(dtype, bias):
     model = mlp(3, [16, 16], 1, bias=bias).to(dtype)
     x = torch.cat([torch.zeros(2, 3, dtype=dtype), inputs(2, dtype=dtype)])
-    for fn in (ntbridge.ntk, ntbridge.nngp, ntbridge.empirical_ntk, ntbridge.empirical_nngp):
-        k = fn(model, x)
+    analytic = ntbridge.kernel(model, x)  # the NNGP and the NTK in one call
+    for k in (*analytic, ntbridge.empirical_ntk(model, x), ntbridge.empirical_nngp(model, x)):
         assert_sane(k)
         if not bias:  # a bias-free ReLU network maps 0 to 0: its rows of the kernel vanish
             assert (k[:2] == 0).all()

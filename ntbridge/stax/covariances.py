@@ -98,14 +98,14 @@ def evaluate(network: Layer, x1: jax.Array, x2: jax.Array | None, names: tuple[s
 
 
 def evaluate_error(network: Layer, x1: jax.Array, x2: jax.Array | None,
-                   names: tuple[str, ...], alone: Callable | None = None) -> float:
+                   names: tuple[str, ...], compiled: Callable | None = None) -> float:
     """The relative error of the kernels ``names`` where the network's rules are numerical
     expectations with independent replicates (``Layer.replicates``, e.g. attention's): the kernels
     computed once per replicate alone, their largest standard error over the largest entry of
     their mean (an error bar of the kernel computed with all replicates, to first order in the
     rules' errors); 0 where every rule is exact. One program, called once per replicate (the
-    memory of one kernel computation): ``alone``, the compiled :func:`replicate_fn` (None: compile
-    it here).
+    memory of one kernel computation): ``compiled()``, which gives the compiled
+    :func:`replicate_fn` and is called only where a rule has replicates (None: compile it here).
 
     Example:
         >>> evaluate_error(serial(Dense(3, 4, W_std=1., b_std=0.)), jnp.ones((2, 3)), None,
@@ -115,7 +115,7 @@ def evaluate_error(network: Layer, x1: jax.Array, x2: jax.Array | None,
     r = network.replicates
     if r < 2:
         return 0.0
-    alone = alone or jax.jit(replicate_fn(network, names))
+    alone = compiled() if compiled else jax.jit(replicate_fn(network, names))
     runs = [alone(x1, x2, i) for i in range(r)]
     errors = []
     for name in names:
