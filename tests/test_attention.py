@@ -356,6 +356,14 @@ def test_padding_ids_contribute_nothing():
     assert k.ntk[0, 1].tolist() == k.nngp[0, 1].tolist()
 
 
+def test_exact_rules_report_no_error():
+    # a ReLU network's rules are exact, though ReLU could sample (after a layer that is not
+    # Gaussian): its replicates are equal, and float32's rounding of their mean is no error
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 1))
+    assert ntbridge.expectation_error(model, torch.randn(4, 3)) == 0.0
+
+
 def test_linear_scaling_is_deterministic_attention(monkeypatch):
     # the tied, 1/d variant: closed form, no numerical error (expectation_error builds no
     # program); its NNGP is that of the values weighted by softmax(sq^2 K_nn) (checked by hand on

@@ -119,7 +119,8 @@ def evaluate_error(network: Layer, x1: jax.Array, x2: jax.Array | None,
     runs = [alone(x1, x2, i) for i in range(r)]
     errors = []
     for name in names:
-        v = np.stack([np.asarray(run[name]) for run in runs])
+        # in float64: float32's rounding of the mean of equal replicates is a spread of its own
+        v = np.stack([np.asarray(run[name], np.float64) for run in runs])
         scale = max(np.abs(v.mean(0)).max(), np.finfo(v.dtype).tiny)
         errors.append(v.std(0, ddof=1).max() / r ** 0.5 / scale)
     return float(max(errors))
