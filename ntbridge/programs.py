@@ -202,17 +202,24 @@ def _entry_path(name: str, options: dict, devices: Sequence) -> Path | None:
                  [(d.platform, d.device_kind, d.id) for d in devices],
                  devices[0].client.platform_version):
         h.update(repr(part).encode())
-    return directory / f"v2-{h.hexdigest()}.xla"
+    return directory / f"v3-{h.hexdigest()}.xla"
+
+
+def _calls_lapack(compiled: jax.stages.Compiled) -> bool:
+    """Whether the program calls LAPACK's kernels (a linear-algebra op's custom call)."""
+    return 'custom_call_target="lapack_' in compiled.as_text()
 
 
 def _load(path: Path, devices: Sequence):
     from jax.experimental import serialize_executable
 
-    # JAX loads LAPACK's kernels when it lowers a linear-algebra op; a program from disk calling
-    # them (attention's eigh) in a process that lowered none would crash without this
-    initialize_lapack()
     try:
-        payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+        payload, in_tree, out_tree, lapack = pickle.loads(path.read_bytes())
+        # JAX loads LAPACK's kernels when it lowers a linear-algebra op: a program from disk that
+        # calls them would crash a process that lowered none. Loading them imports SciPy's linear
+        # algebra (0.2 s), so only such programs do.
+        if lapack:
+            initialize_lapack()
         return serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
                                                          execution_devices=list(devices))
     except FileNotFoundError:
@@ -228,7 +235,7 @@ def _store(path: Path, compiled) -> None:
     (:class:`~ntbridge.errors.CacheWarning`)."""
     from jax.experimental import serialize_executable
     try:
-        blob = pickle.dumps(serialize_executable.serialize(compiled))
+        blob = pickle.dumps((*serialize_executable.serialize(compiled), _calls_lapack(compiled)))
     except (ValueError, TypeError, pickle.PicklingError):  # a program XLA cannot serialize
         return
     except Exception as e:  # XLA's own runtime errors, or no memory for the entry

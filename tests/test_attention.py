@@ -771,7 +771,7 @@ PROCESS = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_a_second_process_runs_the_attention_program_from_disk(tmp_path):
-    # the program calls LAPACK (eigh), whose kernels JAX loads only when it lowers such an op
+    # the second process runs the program the first compiled, and gets the same kernels
     env = {**os.environ, "NTBRIDGE_CACHE_DIR": str(tmp_path / "cache")}
     for name in ("a.pt", "b.pt"):
         done = subprocess.run([sys.executable, "-c", PROCESS, str(tmp_path / name)], env=env,

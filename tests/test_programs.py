@@ -10,6 +10,7 @@ import textwrap
 import warnings
 
 import jax
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -153,6 +154,29 @@ def test_disk_entries_are_named_by_value_unless_a_key_holds_an_object(monkeypatc
     monkeypatch.setitem(ntbridge.converters.registry.CONVERTERS, nn.ReLU,
                         lambda module, ctx: ntbridge.stax.Numerical(lambda x: x * (x > 0), "mine"))
     assert text(ntbridge.convert(model).signature) is None
+
+
+def test_only_programs_calling_lapack_load_its_kernels_from_disk(monkeypatch, tmp_path):
+    """A program from disk that calls LAPACK loads JAX's LAPACK kernels first (a process that
+    lowered no linear algebra would crash without them); any other program does not, since loading
+    them imports SciPy's linear algebra, most of a warm first call."""
+    import jax.numpy as jnp
+
+    monkeypatch.setenv("NTBRIDGE_CACHE_DIR", str(tmp_path))
+    loads = []
+    monkeypatch.setattr(programs, "initialize_lapack", lambda: loads.append(1))
+    devices, x = jax.devices()[:1], jnp.arange(9.0).reshape(3, 3) / 9
+    for name, fn, lapack in (("product", lambda a: a @ a.T + 1, 0),
+                             ("eigh", lambda a: jnp.linalg.eigh(a @ a.T + 1)[0], 1)):
+        key = programs.ProgramKey.of("test", name, x, devices)
+        lower = lambda: jax.jit(fn).lower(x)
+        compiled = programs.compile(key, lower, devices)  # compiled and stored
+        assert not loads
+        loaded = programs.compile(key, lower, devices)  # found on disk
+        assert len(loads) == lapack
+        np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(compiled(x)))
+        loads.clear()
+    assert len(list(tmp_path.glob("v3-*.xla"))) == 2
 
 
 def test_layer_norm_constants_are_part_of_the_signature():
