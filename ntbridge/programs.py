@@ -49,7 +49,7 @@ from typing import Any, Callable, Hashable, Sequence, TypeVar
 import jax
 import numpy as np
 
-from .compat import initialize_lapack
+from .compat import distributed_client, initialize_lapack
 from .devices import compiler_options, reject_options
 from .errors import CacheWarning, warn
 
@@ -127,12 +127,18 @@ def clear() -> None:
 
 @atexit.register
 def _release() -> None:
-    """At exit, free the compiled programs (ntbridge's and JAX's caches) while XLA is still up: left
-    to the interpreter's teardown, an executable freed after XLA's CPU runtime can abort the
-    process ("terminate called without an active exception", exit status 134)."""
+    """At exit, free the compiled programs (ntbridge's and JAX's caches) and, outside a
+    ``jax.distributed`` job (whose own exit hook shuts it down), JAX's backends, while XLA is still
+    up: left to the interpreter's teardown, an executable or a client freed after XLA's CPU runtime
+    can abort the process ("terminate called without an active exception", exit status 134)."""
     clear()
     jax.clear_caches()
     gc.collect()
+    if distributed_client() is None:
+        from jax.extend import backend
+
+        backend.clear_backends()
+        gc.collect()
 
 
 # ---- the disk cache ----
