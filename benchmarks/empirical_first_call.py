@@ -106,17 +106,24 @@ def measure(name: str, n: int, rounds: int) -> None:
               f"| {', '.join(chosen)} |", flush=True)
 
 
+MODELS = "bert-tiny,gpt2-tiny,llama-tiny,bert-small,gpt2-small,llama-small"
+
+
+def table(models: str, n: int, rounds: int) -> None:
+    """The Markdown table of :func:`measure`'s rows for the comma-separated ``models``."""
+    print("| model | call | ntbridge | torch.func | ratio | auto's choice |")
+    print("|---|---|---|---|---|---|")
+    for name in models.split(","):
+        measure(name, n, rounds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3, help="fresh processes per side")
     parser.add_argument("--n", type=int, default=32, help="examples of the first call")
-    parser.add_argument("--models", default="bert-tiny,gpt2-tiny,llama-tiny,bert-small,"
-                                             "gpt2-small,llama-small")
+    parser.add_argument("--models", default=MODELS)
     args = parser.parse_args()
-    print("| model | call | ntbridge | torch.func | ratio | auto's choice |")
-    print("|---|---|---|---|---|---|")
-    for name in args.models.split(","):
-        measure(name, args.n, args.rounds)
+    table(args.models, args.n, args.rounds)
 
 
 if __name__ == "__main__":

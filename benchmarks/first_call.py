@@ -177,6 +177,9 @@ def _child(args: list[str], cache: str, python: str = sys.executable,
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+HEADER = f"{'benchmark':<52} {'ratio':>9}   detail"  # the columns of row()
+
+
 def row(name: str, ratio: float, detail: str) -> None:
     print(f"{name:<52} {ratio:>8.2f}x   {detail}")
 
@@ -291,7 +294,7 @@ def main() -> None:
     parser.add_argument("--nt-python", metavar="PATH",
                         help="a Python with neural-tangents 0.6.5, to compare first calls")
     args = parser.parse_args()
-    print(f"{'benchmark':<52} {'ratio':>9}   detail")
+    print(HEADER)
     rows(args.rounds, args.nt_python)
 
 

@@ -16,7 +16,7 @@ Tangents 0.6.5 and torch.func on the same machine load:
    and its calls in a fresh process.
 
 Run: python benchmarks/first_calls_table.py --nt-python nt/bin/python [--rounds 3] [--count 19]
-(about 40 minutes on 2 cores; ``first_call.py`` says how to make the Neural Tangents
+(15 minutes on 2 cores; ``first_call.py`` says how to make the Neural Tangents
 environment). Each part prints its own rows; ``benchmarks/README.md`` ("First calls, one run")
 keeps a run's table.
 """
@@ -37,18 +37,15 @@ def main() -> None:
     parser.add_argument("--nt-python", required=True, help="a Python with neural-tangents 0.6.5")
     parser.add_argument("--rounds", type=int, default=3, help="fresh processes per measurement")
     parser.add_argument("--count", type=int, default=19, help="never-seen architectures")
-    parser.add_argument("--models", default="bert-tiny,gpt2-tiny,llama-tiny,bert-small,"
-                                             "gpt2-small,llama-small")
+    parser.add_argument("--models", default=empirical_first_call.MODELS)
     args = parser.parse_args()
     start = time.perf_counter()
-    print(f"## 1. Never-seen architectures\n{'benchmark':<52} {'ratio':>9}   detail")
+    print(f"## 1. Never-seen architectures\n{first_call.HEADER}")
     never_seen.rows(args.count, 0, args.nt_python)
-    print(f"\n## 2. First calls and new sizes\n{'benchmark':<52} {'ratio':>9}   detail")
+    print(f"\n## 2. First calls and new sizes\n{first_call.HEADER}")
     first_call.first_calls(args.rounds, args.nt_python)
-    print("\n## 3. Empirical NTK of Hugging Face models, N = 32\n"
-          "| model | call | ntbridge | torch.func | ratio | auto's choice |\n|---|---|---|---|---|---|")
-    for name in args.models.split(","):
-        empirical_first_call.measure(name, 32, args.rounds)
+    print("\n## 3. Empirical NTK of Hugging Face models, N = 32")
+    empirical_first_call.table(args.models, 32, args.rounds)
     print("\n## 4. The text classifier's steady calls, N = 32")
     attention.rule_rows(quick=False)
     attention.fresh_rows(args.rounds, quick=False)

@@ -23,7 +23,7 @@ import statistics
 import sys
 import tempfile
 
-from first_call import GC_CLOCK, _child, row
+from first_call import GC_CLOCK, HEADER, _child, row
 
 ACTIVATIONS = ("relu", "gelu", "leaky_relu")
 
@@ -152,5 +152,5 @@ if __name__ == "__main__":
     parser.add_argument("--count", type=int, default=19, help="architectures")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print(f"{'benchmark':<52} {'ratio':>9}   detail")
+    print(HEADER)
     rows(args.count, args.seed, args.nt_python)

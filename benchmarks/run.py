@@ -33,7 +33,7 @@ from ntbridge.specs import Analytic
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import first_call  # noqa: E402  (this folder's first-call rows)
 import kernel_speed  # noqa: E402  (the analytic kernels against Neural Tangents)
-from first_call import row  # noqa: E402
+from first_call import HEADER, row  # noqa: E402
 
 
 def finish(result) -> None:
@@ -405,7 +405,7 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     n = 512 if args.quick else 2048
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}\n")
-    print(f"{'benchmark':<52} {'ratio':>9}   detail")
+    print(HEADER)
     repeats = 2 if args.quick else 5
     if args.device == "cpu":
         cpu_convolution(50 if args.quick else 250)
