@@ -132,13 +132,13 @@ def _release() -> None:
     up: left to the interpreter's teardown, an executable or a client freed after XLA's CPU runtime
     can abort the process ("terminate called without an active exception", exit status 134)."""
     clear()
-    jax.clear_caches()
-    gc.collect()
     if distributed_client() is None:
         from jax.extend import backend
 
-        backend.clear_backends()
-        gc.collect()
+        backend.clear_backends()  # JAX's caches with them
+    else:
+        jax.clear_caches()
+    gc.collect()
 
 
 # ---- the disk cache ----
