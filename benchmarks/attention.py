@@ -33,11 +33,7 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
 * ``rule``: that classifier on N = 32 sequences with 8 replicates of 8, 16 and 32 points (the
   default): steady calls and the reported error (``--rows rule``);
 * ``fresh``: that classifier's calls in a new process with an empty program cache (N = 32): the
-  first call, the same call again, and x2 of a size not asked for before;
-* ``steps``: that classifier's analytic program (N = 32, NNGP + NTK, float32 and float64, 8 x 8
-  and 8 x 32 points) with the expectation's pairs in cache-sized steps
-  (``stax.softmax_moments.each_pair``) against all pairs at once, 16 points at a time (the loop
-  before it), called alternately.
+  first call, the same call again, and x2 of a size not asked for before.
 """
 
 from __future__ import annotations
@@ -432,51 +428,11 @@ def fresh_rows(rounds: int, quick: bool) -> None:
           f"({new / first:.2f}x the first call)")
 
 
-def _all_pairs(one, pairs, points: int, size: int):
-    """Every pair at once, 16 points at a time: the loop ``each_pair`` is measured against."""
-    import jax
-
-    return jax.vmap(lambda pair: one(*pair, min(16, points)))(pairs)
-
-
-def steps_rows(rounds: int) -> None:
-    import jax
-    import torch
-
-    import ntbridge
-    from ntbridge import analytic
-    from ntbridge.dlpack import precision, to_jax
-    from ntbridge.specs import Analytic
-    from ntbridge.stax import attention_rule
-    from run import interleaved_times
-
-    ids = torch.randint(0, VOCAB, (32, 16), generator=torch.Generator().manual_seed(0))
-    for dtype in ("float32", "float64"):
-        for points in (8, 32):
-            graph = ntbridge.convert(text_classifier(16, dtype), attention_points=points)
-            with precision(getattr(torch, dtype)):
-                x = to_jax(ids)
-                task = analytic.task(Analytic(("nngp", "ntk")), graph,
-                                     jax.ShapeDtypeStruct(x.shape, x.dtype), None, "cpu")[0]
-                programs, library = [], attention_rule.each_pair
-                for plan in (library, _all_pairs):
-                    attention_rule.each_pair = plan  # read when the program is traced
-                    jax.clear_caches()  # (the rule's own jit would replay its first trace)
-                    programs.append(jax.jit(lambda args, a: task.fn(args, a, None))
-                                    .lower(task.args, x).compile())
-                attention_rule.each_pair = library
-                steps, whole = map(statistics.median, interleaved_times(
-                    *(lambda f=f: f(task.args, x) for f in programs), rounds=rounds))
-            print(f"text classifier N=32 T=16 {dtype}, 8 x {points} points: pairs in steps "
-                  f"{steps:.2f} s, all pairs at once {whole:.2f} s: {steps / whole:.2f}x")
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nt-python", help="a Python with Neural Tangents 0.6.5")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rows",
-                        default="linear,first,sandwich,sweep,classifier,rule,fresh,steps")
+    parser.add_argument("--rows", default="linear,first,sandwich,sweep,classifier,rule,fresh")
     args = parser.parse_args()
     if "linear" in args.rows:
         linear_rows(args.nt_python)
@@ -492,6 +448,4 @@ if __name__ == "__main__":
         rule_rows(args.quick)
     if "fresh" in args.rows:
         fresh_rows(1 if args.quick else 3, args.quick)
-    if "steps" in args.rows:
-        steps_rows(2 if args.quick else 5)
     sys.exit(0)

@@ -268,23 +268,6 @@ def test_expectation_terms_are_the_per_point_formulas():
     np.testing.assert_allclose(np.stack([nngp, ntk]), expected, rtol=1e-12, atol=1e-12)
 
 
-def test_pairs_in_steps_are_every_pair_once(monkeypatch):
-    """``each_pair`` takes as many points and pairs per step as ``STEP`` allows, pads the pairs to
-    a whole number of steps and returns each pair's result once, in order."""
-    monkeypatch.setattr(softmax_moments, "STEP", 8)
-    x, y = (jnp.arange(14.0).reshape(7, 2) + i for i in (0, 1))
-    chunks = []
-
-    def one(a, b, chunk):
-        chunks.append(chunk)
-        return a * b, a.sum()
-
-    product, total = softmax_moments.each_pair(one, (x, y), points=4, size=1)
-    assert set(chunks) == {4}  # 4 points a step, so 8 // 4 = 2 pairs; 7 pairs padded to 8
-    np.testing.assert_array_equal(product, x * y)
-    np.testing.assert_array_equal(total, x.sum(1))
-
-
 def test_a_logit_scale_is_the_queries_scaled():
     """Logits ``alpha q k^T / sqrt(d)`` are those of queries ``alpha q``: with the NTK
     parameterization (where a weight's std scales its own NTK term too) the layer's kernels equal

@@ -47,8 +47,7 @@ from ..errors import UnsupportedLayerError
 from .kernel import Kernel
 from .layers import dense_rule
 from .rotary import correlation, rotary_moments
-from .softmax_moments import (Blocks, Rule, each_pair, masked_softmax, normal_points, pair_moments,
-                              psd_factor)
+from .softmax_moments import Blocks, Rule, masked_softmax, normal_points, pair_moments, psd_factor
 
 
 class Stds(NamedTuple):
@@ -88,15 +87,14 @@ def _softmax_moments(kq, kk, kv, ntks, allowed, rule: Rule, replicate, corr=None
                   jnp.broadcast_to(a, (*batch, t, s)) for a in allowed)
     if corr is not None:
         blocks = lambda c: tuple(spread(b, t) for b in c)
-        return rotary_moments(blocks(kq), blocks(kk), kv, ntks, masks, z, corr)
+        return rotary_moments(blocks(kq), blocks(kk), kv, ntks, masks, z, rule.chunk, corr)
     full = lambda blocks, n: _joint(*(spread(b, n) for b in blocks))
     lq, lk = psd_factor(full(kq, t)), psd_factor(full(kk, s))
     tq, tk, tv = ntks if ntks is not None else (None, None, None)
     blocks = Blocks(lq[..., :t, :], lq[..., t:, :], lk[..., :s, :], lk[..., s:, :], kv,
                     spread(kq[1], t), spread(kk[1], s), tq, tk, tv)
     flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[-2:]), (blocks, masks))
-    out = each_pair(lambda b, m, chunk: pair_moments(b, z, *m, chunk), flat, z.shape[0] * z.shape[1],
-                    t * s)
+    out = jax.vmap(lambda b, m: pair_moments(b, z, *m, rule.chunk))(*flat)
     return jax.tree.map(lambda a: a.reshape(*batch, t, t), out)
 
 

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ShapeError
-from .softmax_moments import HIGHEST, each_pair, masked_softmax, pair_moments, psd_factor, summed
+from .softmax_moments import HIGHEST, masked_softmax, pair_moments, psd_factor, summed
 
 
 def correlation(frequencies: np.ndarray, tokens: int) -> np.ndarray:
@@ -123,7 +123,7 @@ def rotary_blocks(kq, kk, kv, ntks, corr: jax.Array) -> RotaryBlocks:
     return RotaryBlocks(factor[:t * t], factor[t * t:], kv, tg, tv)
 
 
-def rotary_moments(kq, kk, kv, ntks, masks, z: jax.Array, corr: jax.Array):
+def rotary_moments(kq, kk, kv, ntks, masks, z: jax.Array, chunk: int, corr: jax.Array):
     """The rotary rule's ``E[A_n Kv A_m^T]`` (and the NTK's expectation) for every pair of the
     leading axes: ``kq``, ``kk`` blocks ``(cov_n, cov_nm, cov_m)`` and ``kv``, ``ntks``, ``masks``
     as :func:`~.attention._softmax_moments` takes them, spread to ``kv``'s shape ``(..., T, T)``;
@@ -131,8 +131,8 @@ def rotary_moments(kq, kk, kv, ntks, masks, z: jax.Array, corr: jax.Array):
     batch, t = kv.shape[:-2], kv.shape[-1]
     flat = jax.tree.map(lambda a: a.reshape(-1, t, t), (kq, kk, kv, ntks, masks))
 
-    def one(q, k, v, n, m, chunk):
+    def one(q, k, v, n, m):
         return pair_moments(rotary_blocks(q, k, v, n, corr), z, *m, chunk, summed(sample_terms))
 
-    out = each_pair(one, flat, z.shape[0] * z.shape[1], t * t)
+    out = jax.vmap(one)(*flat)
     return jax.tree.map(lambda a: a.reshape(*batch, t, t), out)

@@ -25,7 +25,6 @@ Masked positions (``allowed`` False) get probability 0 exactly.
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -33,19 +32,19 @@ import jax.numpy as jnp
 import numpy as np
 
 SOBOL_DIMENSIONS = 21201  # the largest dimension of the Sobol direction numbers scipy ships
-STEP = 2 ** 17  # the entries (pairs x points x T x S) of the attention weights one step holds
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
 class Rule(NamedTuple):
     """The numerical expectation's rule: ``points`` per replicate (a power of 2), ``replicates``
-    independent scramblings and the base ``seed``. The time is proportional to the points; the
-    default's error on a 2-layer, 16-token classifier and the other rules' are in
-    ``benchmarks/README.md`` (``benchmarks/attention.py --rows rule``)."""
+    independent scramblings, the base ``seed``, and ``chunk`` points evaluated at once. The time
+    is proportional to the points; the default's error on a 2-layer, 16-token classifier and the
+    other rules' are in ``benchmarks/README.md`` (``benchmarks/attention.py --rows rule``)."""
 
     points: int = 32
     replicates: int = 8
     seed: int = 0
+    chunk: int = 16
 
 
 @functools.lru_cache(maxsize=16)
@@ -171,23 +170,6 @@ def summed(sample):
         terms = jax.vmap(lambda p: sample(b, p, allowed_n, allowed_m))(z)
         return jax.tree.map(lambda v: v.sum(0), terms)
     return chunk_terms
-
-
-def each_pair(one, pairs, points: int, size: int):
-    """``one(*pair, chunk)`` for each pair of ``pairs`` (a tuple of pytrees of arrays with a
-    leading axis of pairs), stacked: ``points``, the rule's points in all, taken ``chunk`` at a
-    time, and ``size`` a pair's entries of attention weights per point (``T S``). A step of the
-    loop holds about :data:`STEP` entries of them: as many points as that allows (up to every
-    point, whose sums are then the longest products), then as many pairs. All pairs at once,
-    whose arrays do not stay in the cache, ran 1.2-1.45x slower on a 2-layer classifier
-    (``benchmarks/attention.py --rows steps``). The pairs are padded with the first ones to a
-    whole number of steps (the loop's body is then compiled once)."""
-    chunk = math.gcd(points, 1 << max(0, (STEP // size).bit_length() - 1))
-    n = jax.tree.leaves(pairs)[0].shape[0]
-    step = min(n, max(1, STEP // (chunk * size)))
-    padded = jax.tree.map(lambda a: jnp.concatenate([a, a[:-n % step]]), pairs)
-    out = jax.lax.map(lambda pair: one(*pair, chunk), padded, batch_size=step)
-    return jax.tree.map(lambda a: a[:n], out)
 
 
 def pair_moments(b: Blocks, z: jax.Array, allowed_n, allowed_m, chunk: int,

@@ -38,7 +38,7 @@ from .kernel import Kernel, safe_sqrt, variances
 from .quadrature import correlation
 from .softmax_moments import Rule
 
-SAMPLING = Rule(points=256, replicates=8, seed=0)  # 2048 samples of every entry
+SAMPLING = Rule(points=256, replicates=8, seed=0, chunk=0)  # 2048 samples of every entry
 
 
 @dataclasses.dataclass(frozen=True)
