@@ -33,7 +33,11 @@ Rows (``python benchmarks/attention.py [--nt-python nt/bin/python] [--quick]``):
 * ``rule``: that classifier on N = 32 sequences with 8 replicates of 8, 16 and 32 points (the
   default): steady calls and the reported error (``--rows rule``);
 * ``fresh``: that classifier's calls in a new process with an empty program cache (N = 32): the
-  first call, the same call again, and x2 of a size not asked for before.
+  first call, the same call again, and x2 of a size not asked for before;
+* ``cost``: where that classifier's steady call goes (N = 32, float32): the call with 8 x 2, 8 x 8
+  and 8 x 32 points; the expectation of one CPU block of pairs (256, T = 16) with and without
+  the NTK's terms; and XLA's speed on the expectation's batched matrix products against one
+  large product (ntbridge's compiler options, GFLOP/s).
 """
 
 from __future__ import annotations
@@ -428,11 +432,55 @@ def fresh_rows(rounds: int, quick: bool) -> None:
           f"({new / first:.2f}x the first call)")
 
 
+def cost_rows(rounds: int) -> None:
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    import ntbridge
+    from ntbridge.devices import compiler_options
+    from ntbridge.stax.attention_rule import _softmax_moments
+    from ntbridge.stax.softmax_moments import Rule
+
+    def median_time(fn, *args) -> float:
+        jax.block_until_ready(fn(*args))
+        return statistics.median(_timed(lambda: jax.block_until_ready(fn(*args)))
+                                 for _ in range(rounds))
+
+    compiled = lambda fn, *args: jax.jit(fn).lower(*args).compile(
+        compiler_options=compiler_options("cpu", "default"))
+    model, ids = text_classifier(16), torch.randint(0, VOCAB, (32, 16))
+    for points in (2, 8, 32):
+        ntbridge.kernel(model, ids, attention_points=points)
+        seconds = statistics.median(
+            _timed(lambda: ntbridge.kernel(model, ids, attention_points=points))
+            for _ in range(rounds))
+        print(f"text classifier N=32 T=16 float32, 8 x {points} points: {seconds:.2f} s")
+    rng, pairs, t = np.random.default_rng(0), 256, 16
+    psd = lambda n: (lambda a: a @ a.swapaxes(-1, -2) / (2 * n))(
+        rng.standard_normal((pairs, n, 2 * n)).astype("float32"))
+    blocks = lambda: (lambda c: (c[:, :t, :t], c[:, :t, t:], c[:, t:, t:]))(psd(2 * t) / 4)
+    kq, kk, kv, ntks = blocks(), blocks(), psd(t), tuple(psd(t) for _ in range(3))
+    for name, tangents in (("NNGP", None), ("NNGP and NTK", ntks)):
+        fn = compiled(lambda kq, kk, kv, ntks: _softmax_moments(kq, kk, kv, ntks, (None, None),
+                                                                Rule(), None), kq, kk, kv, tangents)
+        print(f"expectation of {pairs} pairs, T=16, 8 x 32 points, {name}: "
+              f"{median_time(fn, kq, kk, kv, tangents) * 1e3:.0f} ms")
+    a = jnp.ones((pairs, 16 * t, t), "float32")  # a block's weights (query x point, key) by Kv
+    b, big = jnp.ones((pairs, t, t), "float32"), jnp.ones((2048, 2048), "float32")
+    batched = compiled(lambda a, b: jnp.einsum("pik,pkj->pij", a, b), a, b)
+    large = compiled(lambda x: x @ x, big)
+    print(f"XLA float32: batched products {pairs} x (256 x 16) @ (16 x 16) "
+          f"{2 * a.size * t / median_time(batched, a, b) / 1e9:.0f} GFLOP/s, one 2048^3 "
+          f"product {2 * 2048 ** 3 / median_time(large, big) / 1e9:.0f} GFLOP/s")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nt-python", help="a Python with Neural Tangents 0.6.5")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rows", default="linear,first,sandwich,sweep,classifier,rule,fresh")
+    parser.add_argument("--rows",
+                        default="linear,first,sandwich,sweep,classifier,rule,fresh,cost")
     args = parser.parse_args()
     if "linear" in args.rows:
         linear_rows(args.nt_python)
@@ -448,4 +496,6 @@ if __name__ == "__main__":
         rule_rows(args.quick)
     if "fresh" in args.rows:
         fresh_rows(1 if args.quick else 3, args.quick)
+    if "cost" in args.rows:
+        cost_rows(3 if args.quick else 7)
     sys.exit(0)
