@@ -15,7 +15,7 @@ def max_relative_error(a, b) -> float:
     """The largest difference relative to the largest entry of ``b``, ``max|a - b| / max|b|`` (torch
     tensors, or anything numpy reads)."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return float((a - b).abs().max() / b.abs().max())
+        return float(((a - b).abs().max() / b.abs().max()).detach())
     a, b = np.asarray(a), np.asarray(b)
     return float(np.abs(a - b).max() / np.abs(b).max())
 
