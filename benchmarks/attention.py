@@ -442,7 +442,7 @@ def cost_rows(rounds: int) -> None:
     from ntbridge.stax.attention_rule import _softmax_moments
     from ntbridge.stax.softmax_moments import Rule
 
-    def median_time(fn, *args) -> float:
+    def median_time(fn, *args) -> float:  # after a first call; JAX arrays or torch tensors
         jax.block_until_ready(fn(*args))
         return statistics.median(_timed(lambda: jax.block_until_ready(fn(*args)))
                                  for _ in range(rounds))
@@ -452,10 +452,7 @@ def cost_rows(rounds: int) -> None:
     model = text_classifier(16)
     ids = torch.randint(0, VOCAB, (32, 16), generator=torch.Generator().manual_seed(0))
     for points in (2, 8, 32):
-        ntbridge.kernel(model, ids, attention_points=points)
-        seconds = statistics.median(
-            _timed(lambda: ntbridge.kernel(model, ids, attention_points=points))
-            for _ in range(rounds))
+        seconds = median_time(lambda: ntbridge.kernel(model, ids, attention_points=points))
         print(f"text classifier N=32 T=16 float32, 8 x {points} points: {seconds:.2f} s")
     rng, pairs, t = np.random.default_rng(0), 256, 16
 
