@@ -276,9 +276,10 @@ def compile_options(quick: bool) -> None:
     """Analytic programs compiled with ntbridge's CPU options changed one way at a time: each kind
     of program's options (:data:`ntbridge.devices.PROGRAM_OPTIONS`: "vector" for FC, "diagonal"
     for Flatten heads, none for global pooling) against the defaults, the "small" options against
-    the kind's (ntbridge takes them for small programs only: the last workload), and ntbridge's
-    codegen split (one LLVM module per core) against XLA's (32). Compile times (best of 3,
-    alternately, each from a fresh lowering) and steady state (alternately)."""
+    the kind's (ntbridge takes them for small programs only: the last workload), LLVM's level 0
+    against the small options' level 1, and ntbridge's codegen split (one LLVM module per core)
+    against XLA's (32). Compile times (best of 3, alternately, each from a fresh lowering) and
+    steady state (alternately)."""
     from ntbridge.devices import CPU_COMPILER_OPTIONS, compiler_options, usable_cores
     from ntbridge.tiling.plan import Tiling
     from ntbridge.tiling.compiled import options_kind
@@ -295,9 +296,11 @@ def compile_options(quick: bool) -> None:
         comparisons = [(f"{kind} options", compiler_options("cpu", kind), compiler_options("cpu"),
                         f"{kind} / default; ntbridge uses {used} here")
                        for kind in ("vector", "diagonal")]
-        comparisons.append(("small options", compiler_options("cpu", "small"),
-                            compiler_options("cpu", task.program_kind(a)),
+        small = compiler_options("cpu", "small")
+        comparisons.append(("small options", small, compiler_options("cpu", task.program_kind(a)),
                             f"small / {task.program_kind(a)}; ntbridge uses {used} here"))
+        comparisons.append(("LLVM level 0", {**small, "xla_backend_optimization_level": "0"},
+                            small, "level 0 / the small options' level 1"))
         comparisons.append(("codegen split", ours, {k: v for k, v in ours.items() if k != split},
                             f"{CPU_COMPILER_OPTIONS[split]} modules ({usable_cores()} cores)"
                             " / XLA's 32"))
