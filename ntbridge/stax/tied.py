@@ -182,7 +182,7 @@ def _branch(step: int, depth: int, rule: BranchRule, k, other, store: _Store, in
         store.cross[new, old] = _across(rule, k, other, store, here, there, hyper)
         store.cross[old, new] = (tuple(map(_swap, store.cross[new, old])) if k.x1_is_x2 else
                                  _across(rule, k, other, store, there, here, hyper))
-        for side in (0, 1):
+        for side in (0,) if k.x1_is_x2 else (0, 1):  # x2 = x1: one side is the other
             own = _own_pairs(rule, k, other, store, here, there, side, hyper)
             store.own[side][new, old] = own
             store.own[side][old, new] = jnp.swapaxes(own, -1, -2)
