@@ -124,9 +124,10 @@ def fresh_kernels(build: Callable[[], nn.Module], x: torch.Tensor, samples: int,
         n, units = out.shape[0], out.shape[-1]
         f = out.reshape(n, -1, units)  # (N, T, O), T = 1 without tokens
         nngps.append(torch.einsum("nto,mso->nmts", f, f).detach() / units)
-        rows = f[..., :ntk_outputs].reshape(-1)
-        jac = torch.stack([torch.cat([g.reshape(-1) for g in torch.autograd.grad(
-            row, params, retain_graph=True, materialize_grads=True)]) for row in rows])
+        rows = f[..., :ntk_outputs].reshape(-1)  # their gradients in one batched backward pass
+        grads = torch.autograd.grad(rows, params, torch.eye(len(rows), dtype=rows.dtype),
+                                    is_grads_batched=True, materialize_grads=True)
+        jac = torch.cat([g.reshape(len(rows), -1) for g in grads], 1)
         jac = jac.reshape(n, f.shape[1], ntk_outputs, -1)
         ntks.append(torch.einsum("ntop,msop->nmts", jac, jac) / ntk_outputs)
     nngp, ntk = torch.stack(nngps), torch.stack(ntks)
