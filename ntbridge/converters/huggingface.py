@@ -23,8 +23,8 @@ from torch import nn
 
 def is_pretrained(model: nn.Module) -> bool:
     """Whether ``model`` is a Hugging Face ``PreTrainedModel``."""
-    transformers = sys.modules.get("transformers")
-    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
+    defined = sys.modules.get("transformers.modeling_utils")  # not imported: no such model
+    return defined is not None and isinstance(model, defined.PreTrainedModel)
 
 
 @contextlib.contextmanager

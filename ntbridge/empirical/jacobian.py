@@ -24,13 +24,9 @@ def _jacobian(apply_fn, params, x, interact: bool):
 def jacobian_parts(apply_fn, params, x1, x2, axes, keep, group, interact=False):
     """Jacobian contraction of the leaves ``keep``, as ``{group: [contributions]}``."""
     fn, sub = restrict(apply_fn, params, keep)
-    if interact:
-        n1 = x1.shape[0]
-        j = _jacobian(fn, sub, x1 if x2 is None else jnp.concatenate([x1, x2]), True)
-        j1, j2 = [a[:n1] for a in j], (j if x2 is None else [a[n1:] for a in j])
-    else:
-        j1 = _jacobian(fn, sub, x1, False)
-        j2 = j1 if x2 is None else _jacobian(fn, sub, x2, False)
+    n1 = x1.shape[0]  # x1 and x2 as one batch: one Jacobian to compile, split at n1
+    j = _jacobian(fn, sub, x1 if x2 is None else jnp.concatenate([x1, x2]), interact)
+    j1, j2 = [a[:n1] for a in j], (j if x2 is None else [a[n1:] for a in j])
     parts: dict[str, list] = {}
     paths = leaf_paths(params)
     for i, a, b in zip(keep, j1, j2):
