@@ -157,7 +157,7 @@ def test_killed_run_resumes_with_only_the_missing_tiles(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from distributed_worker import problem
     path, record = tmp_path / "k.npy", tmp_path / "k.npy.tiles.json"
-    env = {"WORKER_N": "60"}
+    env = {"WORKER_N": "40"}
     proc = _worker([str(tmp_path / "unused"), "--kernel-file", str(path), "--batch-size", "2"], env)
     deadline = time.time() + 120
     done = []
@@ -170,10 +170,10 @@ def test_killed_run_resumes_with_only_the_missing_tiles(tmp_path):
     proc.kill()
     proc.wait()
     done = json.loads(record.read_text())["done"]
-    total = 30 * 31 // 2
+    total = 20 * 21 // 2
     assert 20 <= len(done) < total, "the worker must be killed midway"
 
-    os.environ["WORKER_N"] = "60"
+    os.environ["WORKER_N"] = "40"
     try:
         model, x = problem()
     finally:
@@ -210,7 +210,9 @@ def test_two_processes_assemble_the_full_kernel(tmp_path):
 def test_a_dead_process_makes_the_other_fail_clearly(tmp_path):
     """Process 1 dies after joining. Process 0 fails, bounded in time, with either ntbridge's
     ProcessError (its wait for the peer's tiles times out) or, if JAX's heartbeat check notices
-    first, JAX's own termination saying that another task died: never a hang."""
+    first (2 s without heartbeats, see distributed_worker.py), JAX's own termination saying that
+    another task died: never a hang. (With JAX 0.10, process 0 waits for process 1's devices as
+    its backend starts, so the heartbeat check ends it.)"""
     port = str(_free_port())
     env = {"NTBRIDGE_PEER_TIMEOUT": "5"}
     start = time.time()

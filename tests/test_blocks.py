@@ -228,11 +228,11 @@ def test_own_covariances_replace_those_of_every_node_output():
 
 @pytest.mark.slow
 def test_blocks_compute_no_covariances_of_their_own():
-    """XLA's flop count of a block of s1 x s2 examples is alpha s1 s2 + beta (s1 + s2) + gamma:
-    work per pair, per example and per block. Given its examples' own covariances, the block
-    keeps its pairs' work (within 1%: XLA fuses some of it differently) and drops its examples'
+    """XLA's flop count of a block of s1 x s2 examples (the program as traced: counting needs no
+    compile) is alpha s1 s2 + beta (s1 + s2) + gamma: work per pair, per example and per block.
+    Given its examples' own covariances, the block keeps its pairs' work and drops its examples'
     (beta: their covariances at every layer) but for reading their variances; at s = 3 the block
-    then costs about a quarter less."""
+    then costs about a quarter less (measured 0.29 traced, 0.27 compiled)."""
     graph = ntbridge.convert(_cnn("GAP").double(), parameterization="ntk")
     own = jax.vmap(lambda x: covariances.own_covariances(graph.network, x, False))
 
@@ -240,7 +240,7 @@ def test_blocks_compute_no_covariances_of_their_own():
         a, b = (jax.ShapeDtypeStruct((n, 2, 8, 8), jnp.float64) for n in (s1, s2))
         block = lambda args, a, b, covs: fn(args, a, b, covs if given else None)
         covs = jax.eval_shape(own, a), jax.eval_shape(own, b)
-        return jax.jit(block).lower(args, a, b, covs).compile().cost_analysis()["flops"]
+        return jax.jit(block).lower(args, a, b, covs).cost_analysis()["flops"]
 
     with jax.enable_x64(True):
         fn, args = _analytic(graph, (1, 2, 8, 8))

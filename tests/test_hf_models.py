@@ -25,8 +25,8 @@ transformers.logging.set_verbosity_error()
 IDS = torch.tensor([[1, 2, 3, 4], [3, 5, 6, 1], [7, 7, 8, 2]])
 
 
-def gpt2(d=32, attention="sdpa", layers=1):
-    config = transformers.GPT2Config(n_embd=d, n_layer=layers, n_head=4, n_inner=2 * d,
+def gpt2(d=32, attention="sdpa"):
+    config = transformers.GPT2Config(n_embd=d, n_layer=1, n_head=4, n_inner=2 * d,
                                      vocab_size=20, n_positions=8, attn_implementation=attention)
     return transformers.GPT2Model(config).eval()
 
@@ -143,7 +143,7 @@ def test_the_default_init_is_hugging_faces_own():
     graph = repr(ntbridge.convert(bert(), example=IDS))
     for rows in ("AddPositions(weight[:T]: (8, 32)) W_std=0.02", "AddRow(weight[0]: (2, 32)) W_std=0.02"):
         assert rows in graph
-    model = gpt2(layers=2).double()
+    model = gpt2().double()  # one layer: its c_proj drawn at 0.02 / sqrt(2), not 0.02
     default, read = ntbridge.nngp(model, IDS[:2]), ntbridge.nngp(model, IDS[:2], init="infer")
     torch.testing.assert_close(default, read, rtol=1e-12, atol=0)
     # in a model of the user's wrapping one, the library's init holds for its modules alone

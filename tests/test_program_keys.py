@@ -80,17 +80,17 @@ IMAGES, TOKENS = (3, 5, 5), (3, 8)
 FAMILIES = {  # name: (build, the input's shape (ids: "ids"), kwargs changing one attribute each)
     "linear": (lambda **kw: mlp(nn.ReLU(), **kw), (4,), [dict(width=12), dict(bias=False)]),
     "leaky relu": (lambda s=0.1: mlp(nn.LeakyReLU(s)), (4,), [dict(s=0.3)]),
-    "elu, celu": (lambda a=1.0, c=1.0: mlp(nn.Sequential(nn.ELU(a), nn.Linear(8, 8), nn.CELU(c))),
-                  (4,), [dict(a=0.5), dict(c=0.5)]),
+    "elu": (lambda a=1.0: mlp(nn.ELU(a)), (4,), [dict(a=0.5)]),
+    "celu": (lambda c=1.0: mlp(nn.CELU(c)), (4,), [dict(c=0.5)]),
     "hardtanh": (lambda lo=-1.0, hi=1.0: mlp(nn.Hardtanh(lo, hi)), (4,),
                  [dict(lo=-0.5), dict(hi=0.5)]),
     "softplus": (lambda beta=1.0, threshold=20.0: mlp(nn.Softplus(beta, threshold)), (4,),
                  [dict(beta=2.0), dict(threshold=1.0)]),
     "gelu": (lambda approximate="none": mlp(nn.GELU(approximate)), (4,),
              [dict(approximate="tanh")]),
-    "shrink, threshold": (lambda lambd=0.5, t=0.1, v=0.0: mlp(nn.Sequential(
-        nn.Softshrink(lambd), nn.Linear(8, 8), nn.Hardshrink(lambd), nn.Linear(8, 8),
-        nn.Threshold(t, v))), (4,), [dict(lambd=0.2), dict(t=0.3), dict(v=0.5)]),
+    "softshrink": (lambda lambd=0.5: mlp(nn.Softshrink(lambd)), (4,), [dict(lambd=0.2)]),
+    "hardshrink": (lambda lambd=0.5: mlp(nn.Hardshrink(lambd)), (4,), [dict(lambd=0.2)]),
+    "threshold": (lambda t=0.1, v=0.0: mlp(nn.Threshold(t, v)), (4,), [dict(t=0.3), dict(v=0.5)]),
     "rrelu": (lambda lower=0.1, upper=0.3: mlp(nn.RReLU(lower, upper)).eval(), (4,),
               [dict(lower=0.2), dict(upper=0.4)]),
     "conv": (conv, IMAGES, [dict(k=2), dict(stride=2), dict(padding=0), dict(dilation=2),
@@ -113,7 +113,8 @@ FAMILIES = {  # name: (build, the input's shape (ids: "ids"), kwargs changing on
                                   dict(layer_norm_eps=0.5), dict(bias=False)]),
     "attention": (Attention, TOKENS, [dict(causal=True)]),
 }
-SLOW = {"encoder", "attention", "conv", "pooling", "elu, celu", "shrink, threshold", "hardtanh"}
+SLOW = {"encoder", "attention", "conv", "pooling", "elu", "celu", "softshrink", "hardshrink",
+        "threshold", "hardtanh"}
 
 
 def _input(shape) -> torch.Tensor:
