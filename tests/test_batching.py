@@ -157,7 +157,8 @@ def test_killed_run_resumes_with_only_the_missing_tiles(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from distributed_worker import problem
     path, record = tmp_path / "k.npy", tmp_path / "k.npy.tiles.json"
-    env = {"WORKER_N": "40"}
+    n = 60  # tiles of 2: 30 x 31 / 2 with x2 = x1, enough that the worker is killed midway
+    env = {"WORKER_N": str(n)}
     proc = _worker([str(tmp_path / "unused"), "--kernel-file", str(path), "--batch-size", "2"], env)
     deadline = time.time() + 120
     done = []
@@ -170,10 +171,10 @@ def test_killed_run_resumes_with_only_the_missing_tiles(tmp_path):
     proc.kill()
     proc.wait()
     done = json.loads(record.read_text())["done"]
-    total = 20 * 21 // 2
+    total = (n // 2) * (n // 2 + 1) // 2
     assert 20 <= len(done) < total, "the worker must be killed midway"
 
-    os.environ["WORKER_N"] = "40"
+    os.environ["WORKER_N"] = str(n)
     try:
         model, x = problem()
     finally:
