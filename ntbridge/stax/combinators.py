@@ -31,6 +31,19 @@ def _run(fns: Sequence[Callable], inputs: Sequence[tuple[int, ...]], x,
     return values[len(fns) - 1]
 
 
+def _computed_once(out):
+    """A layer's output kernel(s) with each example's covariances (``cov1``, ``cov2``) divided by a
+    1 XLA cannot fold away (``x == x``; a NaN stays NaN): exact, and computed once. XLA repeats
+    cheap elementwise steps (``W**2 q + b**2``) inside each consumer but not a division, so without
+    it a depth-L network's program holds these chains L times over (compiles grow as L**2)."""
+    if not isinstance(out, Kernel):
+        return tuple(map(_computed_once, out))
+    once = lambda c: c / jnp.where(c == c, 1, 2).astype(c.dtype)
+    cov1 = once(out.cov1)
+    return out.replace(cov1=cov1, cov2=cov1 if out.x1_is_x2 else once(out.cov2),
+                       sources=out.sources, blocks=out.blocks)
+
+
 def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
     """A directed acyclic graph of layers; params are a tuple, one entry per layer.
 
@@ -75,7 +88,8 @@ def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
 
     def kernel_fn(k: Kernel, hyper: tuple | None = None, after: After | None = None) -> Kernel:
         hyper = (None,) * len(layers) if hyper is None else hyper
-        return _run([with_hyper(layer, h) for layer, h in zip(layers, hyper)], inputs, k, after)
+        after_once = lambda i, out: (after or (lambda i, v: v))(i, _computed_once(out))
+        return _run([with_hyper(layer, h) for layer, h in zip(layers, hyper)], inputs, k, after_once)
 
     # the layers reading the input say how, else any layer mixing positions that needs sequences
     # (attention; not a Linear head after a convolution)
