@@ -3,13 +3,16 @@ each in a fresh process with an empty program cache, against Neural Tangents 0.6
 architecture, alternating.
 
 Run: python benchmarks/never_seen.py --nt-python nt/bin/python [--count 19] [--seed 0]
+     python benchmarks/never_seen.py --nt-python nt/bin/python --depths 10 25 50
 
 Each architecture is drawn from ``--seed`` (a JSON description both sides build: torch modules for
 ntbridge, ``stax`` layers for Neural Tangents, NHWC images there) and its analytic NNGP + NTK of
 64 inputs with themselves (CNNs: 32 images 8x8x3) is computed once, float32, timed after a full
 garbage collection in both processes (``first_call.py``'s "after a collection"), imports apart.
 Neural Tangents' ``kernel_fn`` is jitted, as its README recommends. The rows: each
-architecture's ratio, then their median and geometric mean (target <= 0.25x).
+architecture's ratio, then their median and geometric mean (target <= 0.25x). With ``--depths``,
+MLPs of that many hidden ReLU layers instead (width 512), and how ntbridge's first call grows
+with the depth.
 """
 
 from __future__ import annotations
@@ -125,25 +128,48 @@ print(json.dumps({"import_s": imported - t0, "first_s": time.perf_counter() - st
 """
 
 
+def first_calls(spec: str, nt_python: str) -> tuple[float, float]:
+    """ntbridge's and Neural Tangents' first calls on the architecture ``spec`` (JSON), each side
+    in a fresh process with an empty cache (seconds)."""
+    cache = tempfile.mkdtemp(prefix="ntbridge-bench-cache-")
+    try:
+        ours = _child([spec, "-", "collected"], cache, sys.executable, OURS)
+        theirs = _child([spec, "-", "collected"], cache, nt_python, THEIRS)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return ours["first_s"], theirs["first_s"]
+
+
 def rows(count: int, seed: int, nt_python: str) -> None:
     """One row per architecture (ntbridge's first call / NT's), then the median and geometric mean
     of the ratios."""
     rng, ratios = random.Random(seed), []
     for n in range(count):
         spec = json.dumps(architecture(rng))
-        cache = tempfile.mkdtemp(prefix="ntbridge-bench-cache-")
-        try:
-            ours = _child([spec, "-", "collected"], cache, sys.executable, OURS)
-            theirs = _child([spec, "-", "collected"], cache, nt_python, THEIRS)
-        finally:
-            shutil.rmtree(cache, ignore_errors=True)
-        ratios.append(ours["first_s"] / theirs["first_s"])
+        ours, theirs = first_calls(spec, nt_python)
+        ratios.append(ours / theirs)
         row(f"never seen #{n}: first call / NT's", ratios[-1],
-            f"{ours['first_s']:.2f} s vs {theirs['first_s']:.2f} s; {spec}")
+            f"{ours:.2f} s vs {theirs:.2f} s; {spec}")
     row(f"never seen, {count} architectures: median", statistics.median(ratios),
         "ntbridge's first call / NT's; target <= 0.25x")
     row(f"never seen, {count} architectures: geometric mean",
         math.exp(statistics.fmean(map(math.log, ratios))), "target <= 0.25x")
+
+
+def deep_rows(depths: list[int], nt_python: str) -> None:
+    """Deep MLPs (ReLU, width 512) at each of ``depths``: the first call / NT's, and how much
+    longer ntbridge's first call takes than at the depth before (proportional growth: the ratio of
+    the depths)."""
+    before = None
+    for depth in depths:
+        spec = json.dumps({"family": "mlp", "width": 512, "activations": ["relu"] * depth,
+                           "kernel": 1, "head": "flatten"})
+        ours, theirs = first_calls(spec, nt_python)
+        growth = "" if before is None else (f"; {ours / before[1]:.2f}x the first call at depth "
+                                            f"{before[0]} ({depth / before[0]:.2f}x the depth)")
+        row(f"deep MLP, {depth} hidden layers: first call / NT's", ours / theirs,
+            f"{ours:.2f} s vs {theirs:.2f} s{growth}")
+        before = (depth, ours)
 
 
 if __name__ == "__main__":
@@ -151,6 +177,11 @@ if __name__ == "__main__":
     parser.add_argument("--nt-python", required=True, help="a Python with neural-tangents 0.6.5")
     parser.add_argument("--count", type=int, default=19, help="architectures")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--depths", type=int, nargs="+", metavar="D",
+                        help="instead: deep MLPs of these numbers of hidden layers")
     args = parser.parse_args()
     print(HEADER)
-    rows(args.count, args.seed, args.nt_python)
+    if args.depths:
+        deep_rows(args.depths, args.nt_python)
+    else:
+        rows(args.count, args.seed, args.nt_python)
