@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 
+import jax
 import pytest
 import torch
 from torch import nn
@@ -55,7 +56,8 @@ def test_structured_applies_to_translated_linear_and_conv_steps():
     plans = {}
     for name in ("resnet", "lstm"):
         model, x1, _ = example(name)
-        graph = translated.empirical_graph(model, x1, {})
+        with jax.enable_x64(True):  # float64's, as empirical_ntk's: the translation cached there
+            graph = translated.empirical_graph(model, x1, {})
         nodes, chosen = structured_plan(graph)
         plans[name] = {p for i in chosen for p in nodes[i].param_names}
     assert {"conv1.weight", "conv2.weight", "down.weight", "fc.weight", "fc.bias"} <= plans["resnet"]

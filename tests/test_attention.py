@@ -6,7 +6,7 @@ reported error), the numerical expectation's error against its refinement, and m
 shorter sequences.
 """
 
-import os
+import collections
 import subprocess
 import sys
 import textwrap
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import ntbridge
-from ntbridge import errors, stax
+from ntbridge import errors, programs, stax
 from ntbridge.stax import softmax_moments
 from ntbridge.stax.attention import SelfAttention, Stds
 from ntbridge.stax.attention_rule import sandwich
@@ -192,7 +192,8 @@ def test_expectation_error_shrinks_with_refinement():
     error = lambda net: float(evaluate_error(net, x, None, ("nngp", "ntk")))
     coarse_error = error(coarse)  # once: each call compiles its program anew
     assert 0 < error(fine) < coarse_error / 4 * 1.5
-    kernels = [evaluate(net, x, None, ("nngp",))["nngp"] for net in (coarse, fine)]
+    kernels = jax.jit(lambda a: [evaluate(net, a, None, ("nngp",))["nngp"]  # one program
+                                 for net in (coarse, fine)])(x)
     scale = float(jnp.abs(kernels[1]).max())
     assert float(jnp.abs(kernels[0] - kernels[1]).max()) / scale < 5 * coarse_error
 
@@ -281,8 +282,8 @@ def test_a_logit_scale_is_the_queries_scaled():
     queries = layer(stds._replace(W_q=1.5 * stds.W_q, b_q=1.5 * stds.b_q), 1.0)
     with jax.enable_x64(True):
         x = jnp.asarray(x)
-        got, expected = (evaluate(stax.serial(net), x, None, ("nngp", "ntk"))
-                         for net in (scaled, queries))
+        got, expected = jax.jit(lambda a: [evaluate(stax.serial(net), a, None, ("nngp", "ntk"))
+                                           for net in (scaled, queries)])(x)  # one program
         for get in ("nngp", "ntk"):  # the logits' factors (an example with itself: singular
             # covariances, made definite by a 1e-10 ramp) amplify the rounding of 1.5**2 * K
             np.testing.assert_allclose(got[get], expected[get], rtol=1e-9)
@@ -773,13 +774,22 @@ PROCESS = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_a_second_process_runs_the_attention_program_from_disk(tmp_path):
-    # the second process runs the program the first compiled, and gets the same kernels
-    env = {**os.environ, "NTBRIDGE_CACHE_DIR": str(tmp_path / "cache")}
-    for name in ("a.pt", "b.pt"):
-        done = subprocess.run([sys.executable, "-c", PROCESS, str(tmp_path / name)], env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
+def test_a_second_process_runs_the_attention_program_from_disk(tmp_path, monkeypatch):
+    # a fresh process runs the program this one compiled (the same script, run here first with
+    # the in-memory programs set aside, into an empty cache directory): it gets the same kernels
+    # and leaves the directory's entries as they were (it compiled none again)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("NTBRIDGE_CACHE_DIR", str(cache))
+    monkeypatch.setattr(programs, "_ENTRIES", collections.OrderedDict())
+    monkeypatch.setattr(sys, "argv", ["-c", str(tmp_path / "a.pt")])
+    exec(PROCESS, {"__name__": "first"})
+    entries = lambda: {path.name: path.stat().st_mtime_ns for path in cache.iterdir()}
+    stored = entries()
+    assert stored
+    done = subprocess.run([sys.executable, "-c", PROCESS, str(tmp_path / "b.pt")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert entries() == stored
     assert torch.equal(torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt"))
 
 

@@ -2,7 +2,6 @@
 against torch on identity inputs, forwards against torch, the kernels against torch.func's exact
 NTK of a conv followed by the resize, Monte-Carlo of wide models, the functional forms, refusals."""
 
-import jax
 import numpy as np
 import pytest
 import torch
@@ -11,14 +10,12 @@ from torch import nn
 
 import ntbridge
 from ntbridge import errors
-from ntbridge.dlpack import precision, to_jax
-from ntbridge.stax import input_kernel
 from ntbridge.stax.resize import resize_matrix
 
 from montecarlo import check_architecture
-from reference import channel_averaged_ntk
 from test_conv import assert_forward_matches, assert_layouts_agree
-from test_transpose import same_positions
+from test_indexing import linear_kernels
+from test_transpose import assert_kernels
 
 # (length, size or scale factor, recompute_scale_factor): down, up, non-integer and ratio 1
 SIZES = [(5, ("size", 3), None), (4, ("size", 11), None), (3, ("scale", 2.0), None),
@@ -79,27 +76,20 @@ def test_forward_matches_torch(module, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", RESIZES, ids=repr)
-def test_kernel_of_conv_then_resize_is_exact(module):
+def test_kernels_of_conv_then_resize_are_exact():
     """A conv followed by a resize is linear in its weights: its NTK is torch.func's at any width,
-    and with torch's init its NNGP is that NTK / (3 fan_in)."""
-    x1 = _input(module)
-    conv = getattr(nn, f"Conv{x1.ndim - 2}d")(4, 4, 3, padding=1)  # 4: PixelShuffle(2)
-    model = nn.Sequential(conv, module).double()
-    x2 = _input(module, n=2)
-    ntk = channel_averaged_ntk(model, x1, x2)
-    nngp = ntk / (3 * conv.weight[0].numel())
-    nearest = getattr(module, "mode", "nearest").startswith("nearest")
-    with precision(torch.float64):
-        network = ntbridge.convert(model).network
-        layouts = (False, True) if nearest else (False,)
-        kernels = jax.jit(lambda a, b: [network.kernel_fn(input_kernel(  # one program for both
-            a, b, compute_ntk=True, diagonal_spatial=d)) for d in layouts])(to_jax(x1), to_jax(x2))
-        for diagonal, k in zip(layouts, kernels):
-            for got, expected in ((k.ntk, ntk), (k.nngp, nngp)):
-                expected = same_positions(expected) if diagonal else expected
-                np.testing.assert_allclose(got, expected, rtol=1e-8, atol=1e-12)
-    assert network.full_spatial == (not nearest)
+    and with torch's init its NNGP is that NTK / (3 fan_in); the nearest modes in both layouts."""
+    cases = {}
+    for module in RESIZES:
+        x1 = _input(module)
+        conv = getattr(nn, f"Conv{x1.ndim - 2}d")(4, 4, 1)  # 4: PixelShuffle(2)
+        model = nn.Sequential(conv, module).double()
+        x2 = _input(module, n=2)
+        cases[repr(module)] = model, x1, x2, linear_kernels(model, x1, x2)
+    networks = assert_kernels(cases)  # all of them in one compiled program
+    for module in RESIZES:
+        nearest = getattr(module, "mode", "nearest").startswith("nearest")
+        assert networks[repr(module)].full_spatial == (not nearest), repr(module)
 
 
 # ---------------------------------------------------------------- Monte-Carlo over random inits

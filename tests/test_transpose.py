@@ -86,25 +86,44 @@ def same_positions(a: np.ndarray) -> np.ndarray:
     return a
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("conv", TRANSPOSES, ids=repr)
-def test_kernel_is_the_covariance_map(conv):
-    conv = conv.double()
-    x1, x2 = _input(conv), _input(conv, 2)
-    fan_in = conv.weight[0].numel()
-    per_channel = conv.in_channels / conv.groups * reference_covariance(conv, x1, x2)
-    bias = conv.bias is not None
-    nngp = per_channel / (3 * fan_in) + (1 / (3 * fan_in) if bias else 0)  # torch's init
-    ntk = per_channel + bias  # standard parameterization: the weights' and the bias' gradients
-    np.testing.assert_allclose(channel_averaged_ntk(conv, x1, x2), ntk, rtol=1e-10, atol=1e-12)
+def assert_kernels(cases: dict[str, tuple]) -> dict:
+    """For each ``name: (model, x1, x2, (nngp, ntk))``: the kernels of the float64 model at its
+    inputs are the expected ones (given in the full layout), in the full layout and, where the
+    network allows it, the diagonal one. All of them in one compiled program (one compile, not one
+    per model and layout: most of their time). Returns the networks by name."""
     with precision(torch.float64):
-        network = ntbridge.convert(conv).network
-        for diagonal in (False, True):
-            k = jax.jit(lambda a1, a2: network.kernel_fn(input_kernel(
-                a1, a2, compute_ntk=True, diagonal_spatial=diagonal)))(to_jax(x1), to_jax(x2))
-            for got, expected in ((k.nngp, nngp), (k.ntk, ntk)):
-                expected = same_positions(expected) if diagonal else expected
-                np.testing.assert_allclose(got, expected, rtol=1e-8, atol=1e-12)
+        networks = {name: ntbridge.convert(model).network for name, (model, *_) in cases.items()}
+        layouts = {name: (False,) if network.full_spatial else (False, True)
+                   for name, network in networks.items()}
+        kernels = jax.jit(lambda inputs: {name: [networks[name].kernel_fn(input_kernel(
+            a1, a2, compute_ntk=True, diagonal_spatial=diagonal)) for diagonal in layouts[name]]
+            for name, (a1, a2) in inputs.items()})(
+            {name: (to_jax(x1), to_jax(x2)) for name, (_, x1, x2, _) in cases.items()})
+    for name, (*_, expected) in cases.items():
+        for diagonal, k in zip(layouts[name], kernels[name]):
+            for got, want in zip((k.nngp, k.ntk), expected):
+                want = same_positions(want) if diagonal else want
+                np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-12,
+                                           err_msg=f"{name}, diagonal_spatial={diagonal}")
+    return networks
+
+
+@pytest.mark.slow
+def test_kernels_are_the_covariance_map():
+    cases = {}
+    for conv in TRANSPOSES:
+        conv = conv.double()
+        x1, x2 = _input(conv), _input(conv, 2)
+        fan_in = conv.weight[0].numel()
+        per_channel = conv.in_channels / conv.groups * reference_covariance(conv, x1, x2)
+        bias = conv.bias is not None
+        nngp = per_channel / (3 * fan_in) + (1 / (3 * fan_in) if bias else 0)  # torch's init
+        ntk = per_channel + bias  # standard parameterization: the weights' and the bias' gradients
+        np.testing.assert_allclose(channel_averaged_ntk(conv, x1, x2), ntk, rtol=1e-10,
+                                   atol=1e-12, err_msg=repr(conv))
+        cases[repr(conv)] = conv, x1, x2, (nngp, ntk)
+    networks = assert_kernels(cases)
+    assert not any(network.full_spatial for network in networks.values())  # both layouts checked
 
 
 # ---------------------------------------------------------------- Monte-Carlo over random inits
