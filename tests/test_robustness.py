@@ -100,7 +100,8 @@ def test_a_deeper_network_compiles_a_proportionally_larger_program():
     from ntbridge.stax.kernel import input_kernel
 
     def multiplications(depth):
-        net = serial(*[l for _ in range(depth) for l in (Dense(4, 4, W_std=1.0, b_std=0.1), Relu())])
+        block = (Dense(4, 4, W_std=1.0, b_std=0.1), Relu())
+        net = serial(*[layer for _ in range(depth) for layer in block])
         k = lambda x: net.kernel_fn(input_kernel(x, None, compute_ntk=True, diagonal_spatial=True))
         program = jax.jit(lambda x: k(x).ntk).lower(jnp.ones((3, 4))).compile()
         return program.as_text().count(" multiply(")

@@ -88,8 +88,9 @@ def dag(layers: Sequence[Layer], inputs: Sequence[tuple[int, ...]]) -> Layer:
 
     def kernel_fn(k: Kernel, hyper: tuple | None = None, after: After | None = None) -> Kernel:
         hyper = (None,) * len(layers) if hyper is None else hyper
-        after_once = lambda i, out: (after or (lambda i, v: v))(i, _computed_once(out))
-        return _run([with_hyper(layer, h) for layer, h in zip(layers, hyper)], inputs, k, after_once)
+        then = after or (lambda i, out: out)
+        return _run([with_hyper(layer, h) for layer, h in zip(layers, hyper)], inputs, k,
+                    lambda i, out: then(i, _computed_once(out)))
 
     # the layers reading the input say how, else any layer mixing positions that needs sequences
     # (attention; not a Linear head after a convolution)
