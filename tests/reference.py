@@ -1,6 +1,10 @@
-"""Independent references computed with torch itself (torch.func), not with ntbridge."""
+"""Independent references, not computed with ntbridge: Jacobians from torch itself (torch.func), and
+Gaussian expectations by scipy's adaptive quadrature."""
+
+import math
 
 import torch
+from scipy import integrate
 from torch.func import functional_call, jacrev, vmap
 
 
@@ -50,3 +54,37 @@ def channel_averaged_ntk(model, x1, x2):
     ndim = (full.ndim - 4) // 2
     diag = torch.diagonal(full, dim1=2, dim2=3 + ndim).mean(-1)  # (N1, N2, *S, *S)
     return diag.permute(0, 1, *[i for d in range(ndim) for i in (2 + d, 2 + ndim + d)]).numpy()
+
+
+# ---------------------------------------------------------------- Gaussian expectations by quadrature
+WIDTH = 12.0  # in standard deviations: the normal density beyond is below 1e-31
+
+
+def _pdf(z):
+    return math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+
+
+def _mean(g, m, sd, kinks, tol):
+    """E[g(m + sd z)] for a standard normal z."""
+    if sd == 0:
+        return g(m)
+    points = sorted({(k - m) / sd for k in kinks if abs(k - m) < WIDTH * sd}) or None
+    return integrate.quad(lambda z: g(m + sd * z) * _pdf(z), -WIDTH, WIDTH, points=points,
+                          epsabs=tol, epsrel=tol, limit=500)[0]
+
+
+def expectation(f, g, q1, q2, c, kinks, tol=1e-13):
+    """E[f(u) g(v)], (u, v) centred Gaussian: v given u is N(a u, q2 - a c) with a = c / q1."""
+    a, root = c / q1, math.sqrt(q1)
+    sd = math.sqrt(max(q2 - a * c, 0.0))
+    points = {k / root for k in kinks} | ({k / (a * root) for k in kinks} if a else set())
+    points = sorted(p for p in points if abs(p) < WIDTH) or None
+    outer = lambda z: f(root * z) * _pdf(z) * _mean(g, a * root * z, sd, kinks, tol)
+    return integrate.quad(outer, -WIDTH, WIDTH, points=points, epsabs=tol, epsrel=tol, limit=500)[0]
+
+
+def scale(f, q1, q2, kinks):
+    """``sqrt(E f(u)^2 E f(v)^2)``: the scale of ``E[f(u) f(v)]`` (its value at correlation 1 for equal
+    variances)."""
+    return math.sqrt(_mean(lambda x: f(x) ** 2, 0, math.sqrt(q1), kinks, 1e-13)
+                     * _mean(lambda x: f(x) ** 2, 0, math.sqrt(q2), kinks, 1e-13))

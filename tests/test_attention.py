@@ -25,17 +25,7 @@ from ntbridge.stax.attention import SelfAttention, Stds
 from ntbridge.stax.attention_rule import sandwich
 from ntbridge.stax.covariances import evaluate, evaluate_error
 
-
-class Attention(nn.Module):
-    """Self-attention alone, with an optional fixed mask (a buffer)."""
-
-    def __init__(self, e, heads, bias=True, mask=None):
-        super().__init__()
-        self.attn = nn.MultiheadAttention(e, heads, bias=bias, batch_first=True)
-        self.register_buffer("mask", mask)
-
-    def forward(self, x):
-        return self.attn(x, x, x, attn_mask=self.mask, need_weights=False)[0]
+from helpers import Attention
 
 
 class TextClassifier(nn.Module):

@@ -8,37 +8,9 @@ from torch import nn
 
 import ntbridge
 from ntbridge import errors
-from ntbridge.dlpack import precision, to_jax, to_torch
-from ntbridge.stax import input_kernel
 
+from helpers import assert_forward_matches, assert_layouts_agree
 from montecarlo import check_architecture
-
-TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
-# ReLU's NTK factor (pi - arccos c) / (2 pi) amplifies a rounding error e of c near 1 (an example
-# with itself) to sqrt(2 e): layouts that round c differently agree to ~sqrt(float64 eps).
-NTK_RTOL = 10 * torch.finfo(torch.float64).eps ** 0.5
-
-
-def assert_forward_matches(model: nn.Module, x: torch.Tensor) -> None:
-    """The translated ``apply_fn`` reproduces ``model(x)`` to the dtype's tolerance (max-norm)."""
-    assert_forwards_match([model], [x])
-
-
-def assert_forwards_match(models: list[nn.Module], xs: list[torch.Tensor]) -> None:
-    """:func:`assert_forward_matches` for each model and its input, all of them in one compiled
-    program (one compile, not one per model: most of their time)."""
-    dtype = xs[0].dtype
-    models = [model.to(dtype) for model in models]
-    with precision(dtype):
-        graphs = [ntbridge.convert(model) for model in models]
-        outs = jax.jit(lambda ps, xs: [g.apply_fn(p, x) for g, p, x in zip(graphs, ps, xs)])(
-            [g.params for g in graphs], [to_jax(x) for x in xs])
-    for model, x, got in zip(models, xs, outs):
-        got, expected = to_torch(got), model(x).detach()
-        assert got.shape == expected.shape
-        error = (got - expected).abs().max() / expected.abs().max()
-        assert error <= TOLERANCE[dtype], f"{model}: relative error {error:.2e}"
-
 
 CONVS = [
     nn.Conv1d(3, 4, 3),
@@ -114,19 +86,6 @@ def deep_cnn():
 
 
 @pytest.mark.slow
-def assert_layouts_agree(model: nn.Module, x: torch.Tensor):
-    """The kernels of float64 ``model`` at ``x`` from the diagonal and the full spatial layouts
-    agree; returns the converted network and the diagonal layout's kernel."""
-    with precision(torch.float64):
-        network = ntbridge.convert(model).network
-        kernel = lambda d: jax.jit(lambda a: network.kernel_fn(
-            input_kernel(a, None, compute_ntk=True, diagonal_spatial=d)))(to_jax(x))
-        diagonal, full = kernel(True), kernel(False)
-    np.testing.assert_allclose(full.nngp, diagonal.nngp, rtol=1e-12)
-    np.testing.assert_allclose(full.ntk, diagonal.ntk, rtol=NTK_RTOL)
-    return network, diagonal
-
-
 def test_diagonal_and_full_spatial_layouts_agree():
     model, x = deep_cnn().double(), torch.randn(5, 3, 6, 6, dtype=torch.float64)
     _, diagonal = assert_layouts_agree(model, x)

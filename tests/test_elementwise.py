@@ -13,7 +13,7 @@ import ntbridge
 from montecarlo import check_architecture
 from ntbridge.dlpack import precision, to_jax
 from ntbridge.errors import UnsupportedLayerError
-from test_exact_activations import expectation, scale
+from reference import expectation, scale
 
 SIGN = lambda v: float(np.sign(v))
 # (name, torch function of the pre-activation h, f, f', kinks)

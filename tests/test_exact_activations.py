@@ -14,11 +14,12 @@ import jax
 import numpy as np
 import pytest
 import torch
-from scipy import integrate
 from torch import nn
 
 from ntbridge.converters.activations import twin
 from ntbridge.stax.activations import numerical_rule
+
+from reference import expectation, scale
 
 
 def _sp(x, beta=1.0, threshold=20.0):
@@ -67,37 +68,6 @@ IDS = [repr(case[0]) for case in CASES]
 # (q1, q2, correlation): variances small and large, correlations -1, 0, +1 and near 1
 POINTS = [(0.3, 0.3, 0.6), (1.0, 1.0, -1.0), (1.0, 1.0, 0.0), (4.0, 4.0, 1.0), (10.0, 10.0, 0.999),
           (0.3, 4.0, 0.5)]
-WIDTH = 12.0  # in standard deviations: the normal density beyond is below 1e-31
-
-
-def _pdf(z):
-    return math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
-
-
-def _mean(g, m, sd, kinks, tol):
-    """E[g(m + sd z)] for a standard normal z."""
-    if sd == 0:
-        return g(m)
-    points = sorted({(k - m) / sd for k in kinks if abs(k - m) < WIDTH * sd}) or None
-    return integrate.quad(lambda z: g(m + sd * z) * _pdf(z), -WIDTH, WIDTH, points=points,
-                          epsabs=tol, epsrel=tol, limit=500)[0]
-
-
-def expectation(f, g, q1, q2, c, kinks, tol=1e-13):
-    """E[f(u) g(v)], (u, v) centred Gaussian: v given u is N(a u, q2 - a c) with a = c / q1."""
-    a, root = c / q1, math.sqrt(q1)
-    sd = math.sqrt(max(q2 - a * c, 0.0))
-    points = {k / root for k in kinks} | ({k / (a * root) for k in kinks} if a else set())
-    points = sorted(p for p in points if abs(p) < WIDTH) or None
-    outer = lambda z: f(root * z) * _pdf(z) * _mean(g, a * root * z, sd, kinks, tol)
-    return integrate.quad(outer, -WIDTH, WIDTH, points=points, epsabs=tol, epsrel=tol, limit=500)[0]
-
-
-def scale(f, q1, q2, kinks):
-    return math.sqrt(_mean(lambda x: f(x) ** 2, 0, math.sqrt(q1), kinks, 1e-13)
-                     * _mean(lambda x: f(x) ** 2, 0, math.sqrt(q2), kinks, 1e-13))
-
-
 @functools.cache
 def references(i):
     """point -> ((NNGP, its scale), (E f' f', its scale)) of case ``i``, computed once."""

@@ -12,9 +12,8 @@ from torch import nn
 import ntbridge
 from ntbridge import errors
 
+from helpers import assert_forwards_match, assert_linear_kernels
 from montecarlo import assert_within_standard_error, check_architecture, sample_kernels
-from test_conv import assert_forwards_match
-from test_indexing import assert_linear_kernels
 
 V = 6
 

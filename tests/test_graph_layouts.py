@@ -11,8 +11,8 @@ from torch import nn
 import ntbridge
 from ntbridge import errors
 
+from helpers import assert_forward_matches
 from montecarlo import fresh_kernels, standard_error, z_scores
-from test_conv import assert_forward_matches
 
 V, F = 5, 3
 

@@ -11,10 +11,9 @@ from torch import nn
 import ntbridge
 from ntbridge import errors
 
+from helpers import assert_forwards_match, assert_kernels, linear_kernels, same_positions
 from montecarlo import check_architecture
 from reference import channel_averaged_ntk
-from test_conv import assert_forwards_match
-from test_transpose import assert_kernels, same_positions
 
 
 class Applied(nn.Module):
@@ -29,22 +28,6 @@ class Applied(nn.Module):
 
     def forward(self, x):
         return self.fn(*[conv(x) for conv in self.convs])
-
-
-def linear_kernels(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor):
-    """``(nngp, ntk)`` of a float64 model linear in the weights of first-layer convolutions of one
-    fan-in: its NTK is torch.func's at any width and its NNGP that NTK / (3 fan_in) (torch's
-    init)."""
-    ntk = channel_averaged_ntk(model, x1, x2)
-    fan_in = next(m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)).weight[0]
-    return ntk / (3 * fan_in.numel()), ntk
-
-
-def assert_linear_kernels(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor):
-    """The kernels of such a model are :func:`linear_kernels`, in both layouts where the network
-    allows the diagonal one. Returns the network."""
-    model = model.double()
-    return assert_kernels({"": (model, x1, x2, linear_kernels(model, x1, x2))})[""]
 
 
 LINEAR = {  # name: (fn of the conv outputs (N, 4, 4, 5), branches, needs the full layout)

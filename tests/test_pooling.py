@@ -8,8 +8,8 @@ from torch import nn
 import ntbridge
 from ntbridge import errors
 
+from helpers import LAYOUT_NTK_RTOL, assert_forward_matches
 from montecarlo import check_architecture
-from test_conv import NTK_RTOL, assert_forward_matches
 
 POOLS = [
     nn.AvgPool1d(3),
@@ -97,7 +97,7 @@ def test_identity_pooling_and_spatial_reshapes_leave_the_kernel_unchanged():
                   [nn.AvgPool2d(1), nn.Flatten(2), nn.Unflatten(2, (2, 2))]):
         k = ntbridge.kernel(nn.Sequential(*head, *extra, *tail).double(), x)
         torch.testing.assert_close(k.nngp, plain.nngp, rtol=1e-12, atol=0)
-        torch.testing.assert_close(k.ntk, plain.ntk, rtol=NTK_RTOL, atol=0)
+        torch.testing.assert_close(k.ntk, plain.ntk, rtol=LAYOUT_NTK_RTOL, atol=0)
 
 
 def test_global_pooling_kernel_is_symmetric_and_psd():

@@ -358,7 +358,7 @@ EXPECTATION_ERRORS = """
 import sys
 sys.path.insert(0, sys.argv[1])
 import torch, ntbridge
-from test_attention import Attention
+from helpers import Attention
 model = Attention(64, 2).double()
 x = torch.randn(3, 4, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 for points in (8, 32):

@@ -12,10 +12,8 @@ import ntbridge
 from ntbridge import errors
 from ntbridge.stax.resize import resize_matrix
 
+from helpers import assert_forward_matches, assert_kernels, assert_layouts_agree, linear_kernels
 from montecarlo import check_architecture
-from test_conv import assert_forward_matches, assert_layouts_agree
-from test_indexing import linear_kernels
-from test_transpose import assert_kernels
 
 # (length, size or scale factor, recompute_scale_factor): down, up, non-integer and ratio 1
 SIZES = [(5, ("size", 3), None), (4, ("size", 11), None), (3, ("scale", 2.0), None),

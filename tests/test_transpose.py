@@ -5,7 +5,6 @@ models."""
 import itertools
 import warnings
 
-import jax
 import numpy as np
 import pytest
 import torch
@@ -13,12 +12,10 @@ from torch import nn
 
 import ntbridge
 from ntbridge import errors
-from ntbridge.dlpack import precision, to_jax
-from ntbridge.stax import input_kernel
 
+from helpers import assert_forward_matches, assert_kernels, assert_layouts_agree
 from montecarlo import check_architecture
 from reference import channel_averaged_ntk, empirical_ntk
-from test_conv import assert_forward_matches, assert_layouts_agree
 
 TRANSPOSES = [
     nn.ConvTranspose1d(3, 4, 3),
@@ -77,35 +74,6 @@ def reference_covariance(conv, x1, x2) -> np.ndarray:
         # (N, *S) x (M, *S) -> (N, M, S1, S1', ...)
         total = total + np.tensordot(y1, y2, (1, 1)).transpose(0, ndim + 1, *interleave)
     return total / x1.shape[1]
-
-
-def same_positions(a: np.ndarray) -> np.ndarray:
-    """``(N1, N2, S1, S1', S2, S2', ...) -> (N1, N2, S1, S2, ...)``: the entries with s = s'."""
-    for d in range((a.ndim - 2) // 2):
-        a = np.moveaxis(np.diagonal(a, axis1=2 + d, axis2=3 + d), -1, 2 + d)
-    return a
-
-
-def assert_kernels(cases: dict[str, tuple]) -> dict:
-    """For each ``name: (model, x1, x2, (nngp, ntk))``: the kernels of the float64 model at its
-    inputs are the expected ones (given in the full layout), in the full layout and, where the
-    network allows it, the diagonal one. All of them in one compiled program (one compile, not one
-    per model and layout: most of their time). Returns the networks by name."""
-    with precision(torch.float64):
-        networks = {name: ntbridge.convert(model).network for name, (model, *_) in cases.items()}
-        layouts = {name: (False,) if network.full_spatial else (False, True)
-                   for name, network in networks.items()}
-        kernels = jax.jit(lambda inputs: {name: [networks[name].kernel_fn(input_kernel(
-            a1, a2, compute_ntk=True, diagonal_spatial=diagonal)) for diagonal in layouts[name]]
-            for name, (a1, a2) in inputs.items()})(
-            {name: (to_jax(x1), to_jax(x2)) for name, (_, x1, x2, _) in cases.items()})
-    for name, (*_, expected) in cases.items():
-        for diagonal, k in zip(layouts[name], kernels[name]):
-            for got, want in zip((k.nngp, k.ntk), expected):
-                want = same_positions(want) if diagonal else want
-                np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-12,
-                                           err_msg=f"{name}, diagonal_spatial={diagonal}")
-    return networks
 
 
 @pytest.mark.slow
