@@ -178,7 +178,8 @@ def test_llamas_parts_are_recognised():
 @pytest.mark.slow
 def test_one_key_head_and_tied_embeddings():
     # multi-query attention (one key/value head for 4 query heads): the model's forward, and the
-    # kernel of full heads (as any grouping's); tied input and output embeddings are refused
+    # kernel of full heads (as any grouping's); tied input and output embeddings are refused (they
+    # have no infinite-width kernel), and shared_weights="independent" gives the untied model's
     torch.manual_seed(0)
     model = llama(kv_heads=1).double()
     graph, y = _forward(model, IDS)
@@ -186,9 +187,14 @@ def test_one_key_head_and_tied_embeddings():
     k, full = (ntbridge.kernel(llama(kv_heads=h).double(), IDS) for h in (1, 4))
     for get in ("nngp", "ntk"):
         torch.testing.assert_close(getattr(k, get), getattr(full, get), rtol=1e-10, atol=0)
-    tied = transformers.LlamaForCausalLM(llama(tie_word_embeddings=True).config)
-    with pytest.raises(ntbridge.errors.UnsupportedLayerError, match="tied input and output"):
-        ntbridge.kernel(tied.eval(), IDS)
+    tied, untied = (transformers.LlamaForCausalLM(llama(tie_word_embeddings=t).config).eval()
+                    for t in (True, False))
+    with pytest.raises(ntbridge.errors.UnsupportedLayerError, match="no infinite-width kernel"):
+        ntbridge.kernel(tied, IDS)
+    k, expected = (ntbridge.kernel(m.double(), IDS, shared_weights="independent")
+                   for m in (tied, untied))
+    for get in ("nngp", "ntk"):
+        torch.testing.assert_close(getattr(k, get), getattr(expected, get), rtol=1e-12, atol=0)
 
 
 @pytest.mark.slow

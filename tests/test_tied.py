@@ -130,10 +130,56 @@ def _reused(kind):
 @pytest.mark.parametrize("kind", ["module twice", "called twice", "tied embeddings", "copies"])
 def test_reused_weights_are_refused_by_name(kind):
     model, x, how = _reused(kind)
-    with pytest.raises(UnsupportedLayerError, match=f"uses the weights of .*{how}"):
+    with pytest.raises(UnsupportedLayerError, match=f"uses the weights of .*{how}") as refusal:
         ntbridge.ntk(model, x)
+    assert ("no infinite-width kernel" in str(refusal.value)) == (kind == "tied embeddings")
     if kind != "tied embeddings":
         assert torch.isfinite(ntbridge.ntk(model, x, shared_weights="independent")).all()
+
+
+class _ResidualLM(nn.Module):
+    """Token embeddings, one residual MLP block, a final LayerNorm and logits by a head of the
+    embedding's distribution (N(0, 1) entries): its own matrix, or the embedding's (tied)."""
+
+    def __init__(self, d: int, tied: bool, vocab: int = 16):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(vocab, d), nn.Linear(d, vocab, bias=False)
+        self.mlp = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.GELU(),
+                                 nn.Linear(2 * d, d))
+        self.norm = nn.LayerNorm(d)
+        if tied:
+            self.head.weight = self.emb.weight
+        else:
+            nn.init.normal_(self.head.weight)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        return self.head(self.norm(x + self.mlp(x)))
+
+
+def _own_logits(d: int, tied: bool, samples: int = 200) -> torch.Tensor:
+    """The logit of token 0 at its own position, in fresh models of width ``d``."""
+    with torch.no_grad():
+        return torch.stack([_ResidualLM(d, tied)(torch.arange(4)[None])[0, 0, 0]
+                            for _ in range(samples)])
+
+
+@pytest.mark.slow
+def test_tied_embeddings_have_no_infinite_width_limit():
+    # Why tied input and output embeddings are refused (reuse.TIED_EMBEDDINGS): the logit of a
+    # token in the input reads the token's own row back, sum_j E_vj h_j with h holding E_v / s (s
+    # the stream's scale), so its mean is of order d, while a logit is a sum of d terms of spread
+    # |h| = sqrt(d) (the final LayerNorm). Its mean per width settles at 1 / s (measured 0.975 at
+    # d = 64, 0.983 at 256, standard errors 0.006 and 0.003): sqrt(d) spreads at width d, no limit.
+    # The untied head's own-token logit has mean 0 (measured 0.18 standard errors off).
+    means = {}
+    for d in (64, 256):
+        logits = _own_logits(d, tied=True) / d
+        means[d] = logits.mean(), logits.std() / len(logits) ** 0.5
+    (m1, e1), (m2, e2) = means.values()
+    assert abs(m1 - m2) < 5 * (e1 ** 2 + e2 ** 2) ** 0.5 and min(m1, m2) > 0.5, means
+    untied = _own_logits(256, tied=False) / 256 ** 0.5
+    assert abs(untied.mean()) < 5 * untied.std() / len(untied) ** 0.5, untied.mean()
 
 
 def test_a_module_listed_twice_in_a_sequential_is_run_twice():

@@ -31,14 +31,25 @@ def _fingerprint(t: torch.Tensor) -> tuple:
     return tuple(t.shape), t.dtype, tuple(flat[:8].tolist())
 
 
+# Why tied input and output embeddings are refused, whatever the rules: their kernel has no limit.
+TIED_EMBEDDINGS = (
+    "Tied input and output embeddings have no infinite-width kernel: where the stream carries a "
+    "token's own embedding row to the output (a residual network), that token's logit has a mean "
+    "of order width, sqrt(width) times the other logits' spread (docs/transformers.md, 'Tied "
+    "embeddings').")
+
+
 def _found(node: Node, first: Node, how: str) -> UnsupportedLayerError:
+    tied = how.startswith("the same parameter") and (
+        isinstance(node.module, nn.Embedding) != isinstance(first.module, nn.Embedding))
     return UnsupportedLayerError(
         f"{node.where} uses the weights of {first.where} ({how}). Weights used at two places are "
         f"correlated there, which the analytic kernels have a rule for only between the layers of "
         f"an nn.TransformerEncoder; computing the kernel of independent weights would describe "
-        f"another network. Pass shared_weights='independent' if that network is what you want "
-        f"(e.g. copies you re-initialise), give each place its own module, or use "
-        f"ntbridge.empirical_ntk (this model's own kernel).")
+        f"another network. {TIED_EMBEDDINGS + ' ' if tied else ''}Pass "
+        f"shared_weights='independent' if that network is what you want (e.g. copies you "
+        f"re-initialise), give each place its own module, or use ntbridge.empirical_ntk (this "
+        f"model's own kernel).")
 
 
 def check_reuse(nodes: list[Node]) -> None:

@@ -20,6 +20,7 @@ from ..indexing import Index, Reduce
 from ..positions import AddPositions, AddRow, LearnedToken
 from ..structure import SwapLast
 from ..products import Multiply
+from ..reuse import TIED_EMBEDDINGS
 from ..trace.independence import correlated, dependent
 from .translator import _where
 from .values import Const, Param, Proj, Rows, Seq, dims
@@ -70,11 +71,16 @@ def _embedding(walk, node, args, kwargs):
     if isinstance(ids, Const):
         return Rows(weight, torch.as_tensor(ids.value))
     if isinstance(ids, Seq) and ids.index == INPUT:  # the weight is another module's too
+        embedding = next(((n, m) for n, m in walk.model.named_modules(remove_duplicate=False)
+                          if isinstance(m, nn.Embedding) and m.weight is weight.tensor), None)
+        if embedding is not None and walk.options.shared_weights == "independent":
+            return walk.add(*embedding, (INPUT,), node)
+        untie = ("pass shared_weights='independent' or untie them (Hugging Face: "
+                 "tie_word_embeddings=False)" if embedding else "give the ids an nn.Embedding")
         raise UnsupportedLayerError(
             f"{_where(node)} embeds the ids with the weight of {name!r} "
-            f"({type(module).__name__}): one parameter at two places, e.g. tied input and output "
-            f"embeddings. The analytic kernel has no rule for tied weights: untie them (Hugging "
-            f"Face: tie_word_embeddings=False) for the kernel of independent ones, or use "
+            f"({type(module).__name__}): one parameter at two places. {TIED_EMBEDDINGS} For the "
+            f"kernel of independent input and output embeddings {untie}; or use "
             f"ntbridge.empirical_ntk, whose kernel is the model's own.")
     raise UnsupportedLayerError(f"{_where(node)}: an embedding of computed ids has no rule.")
 
