@@ -86,15 +86,19 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
     """Why the factors ``inputs`` (indices into ``nodes``) of a product may not be independent
     processes with the same kernel in every channel, or ``""``.
 
-    Factors are independent in the infinite-width limit when neither is computed from another,
-    and every path from the nodes they share into either factor enters a weight layer (Linear,
-    Conv) first, or a chunk of a weight layer's features that no other path takes
-    (``a, b = fc(x).chunk(2, -1)``: disjoint sets of units, :func:`_own_chunk`): given the shared values, the factors then depend on disjoint sets of fresh
-    zero-mean weights, and the shared values' kernels concentrate as the widths grow. So
-    ``fc1(x) * fc2(x)`` and ``F.silu(fc1(h)) * fc2(h)`` are independent, ``h * h``, ``fc(x) *
-    relu(fc(x))`` and ``relu(h) * fc(h)`` (``relu(h)`` shares ``h`` directly) are not. A factor's
-    channels have the same kernel when it comes from a weight layer through modules of
-    :data:`SAME_PER_CHANNEL` (not from the model's input, a concatenation or a normalization).
+    In the infinite-width limit, channel ``c`` of a weight layer's output (Linear, Conv) is a sum
+    over all its input's units with fresh zero-mean weights: given its input, it is independent of
+    any finitely many units computed without those weights, and its kernel concentrates. So two
+    factors are independent when the units their channel ``c`` reads without a weight layer in
+    between (:func:`_units`) come from different weight layers, or from different chunks of one
+    layer's features (``a, b = fc(x).chunk(2, -1)``: disjoint sets of units), whatever they share
+    before those layers. ``fc1(x) * fc2(x)``, ``F.silu(fc1(h)) * fc2(h)``, ``relu(h) * fc(h)`` and
+    a squeeze-and-excitation gate ``h * sigmoid(fc2(relu(fc1(pool(h)))))`` are independent;
+    ``h * h``, ``h * relu(h)`` and ``relu(h) * tanh(h)`` are not. The NTK's cross terms vanish
+    likewise: they sum over a layer's units the products of its fresh weights with gradients
+    that do not involve them. A factor's channels have the same kernel when it comes from a weight
+    layer through modules of :data:`SAME_PER_CHANNEL` (not from the model's input, a
+    concatenation or a normalization).
     """
     ancestors, same = {INPUT: frozenset({INPUT})}, {INPUT: False}
     for n in nodes:
@@ -102,23 +106,18 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
         same[n.index] = isinstance(n.module, AFFINE) or (isinstance(n.module, Chunk)
                                                          and same[n.inputs[0]]) or (
             isinstance(n.module, SAME_PER_CHANNEL) and all(same[i] for i in _random_inputs(n)))
+    units = _units(nodes)
     for position, a in enumerate(inputs):
         for b in inputs[position + 1:]:
-            if a in ancestors[b] or b in ancestors[a]:
-                return (f"the factors {_name(nodes, a)} and {_name(nodes, b)} are not independent: "
-                        f"{'they are the same tensor' if a == b else 'one is computed from the other'}")
-            shared = ancestors[a] & ancestors[b]
-            own_a, own_b = (_modules(nodes, ancestors[i] - shared) for i in (a, b))
-            if own_a & own_b:
-                return (f"the factors {_name(nodes, a)} and {_name(nodes, b)} are not independent: "
-                        f"they are computed by the same module (its weights are shared)")
-            for n in (ancestors[a] | ancestors[b]) - shared:
-                if not isinstance(nodes[n].module, AFFINE) and shared & set(nodes[n].inputs) and (
-                        not _own_chunk(nodes, n, (ancestors[a] | ancestors[b]) - shared)):
-                    common = _name(nodes, max(shared & set(nodes[n].inputs)))
-                    return (f"the factors {_name(nodes, a)} and {_name(nodes, b)} may be dependent: "
-                            f"{_name(nodes, n)} takes their common input {common} without a "
-                            f"Linear/Conv layer of its own in between")
+            common = [u for u in units[a] if any(_overlap(u, v) for v in units[b])]
+            if not common:
+                continue
+            why = ("they are the same tensor" if a == b else
+                   "one is computed from the other without a Linear/Conv layer in between"
+                   if a in ancestors[b] or b in ancestors[a] else
+                   f"both read the units of {_name(nodes, common[0][0])} without a Linear/Conv "
+                   f"layer of their own in between")
+            return f"the factors {_name(nodes, a)} and {_name(nodes, b)} are not independent: {why}"
     for a in inputs:
         if not same[a]:
             return (f"the channels of the factor {_name(nodes, a)} may differ in distribution "
@@ -127,15 +126,28 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
     return ""
 
 
-def _own_chunk(nodes: list[Node], n: int, own: set[int]) -> bool:
-    """Whether node ``n`` is a chunk of a weight layer's features (``stax.Chunk`` refuses other
-    axes) and every other node of ``own`` (the factors' nodes after what they share) that takes
-    that layer's output is a different chunk of the same split: disjoint units, independent."""
-    node = nodes[n]
-    if not isinstance(node.module, Chunk) or node.inputs[0] == INPUT or not isinstance(
-            nodes[node.inputs[0]].module, AFFINE):
-        return False
-    split = lambda m: (m.chunks, m.dim)
-    takers = [nodes[i] for i in own if i != n and node.inputs[0] in nodes[i].inputs]
-    return all(isinstance(m.module, Chunk) and split(m.module) == split(node.module)
-               and m.module.index != node.module.index for m in takers)
+def _units(nodes: list[Node]) -> dict[int, frozenset]:
+    """For each node, where the units its channel ``c`` reads without a weight layer in between
+    come from: ``(index, part)`` of the weight layer's first node (its module's; a module called
+    twice has the same weights) and ``part`` None for all its features or ``(chunks, dim, index)``
+    for a chunk of them, or ``(INPUT, None)`` for the model's input."""
+    first = {}
+    units = {INPUT: frozenset({(INPUT, None)})}
+    for n in nodes:
+        if isinstance(n.module, AFFINE):
+            units[n.index] = frozenset({(first.setdefault(id(n.module), n.index), None)})
+        elif (isinstance(n.module, Chunk) and n.inputs[0] != INPUT
+              and isinstance(nodes[n.inputs[0]].module, AFFINE)):
+            (layer, _), = units[n.inputs[0]]
+            units[n.index] = frozenset({(layer, (n.module.chunks, n.module.dim, n.module.index))})
+        else:
+            units[n.index] = frozenset().union(*(units[i] for i in _random_inputs(n)))
+    return units
+
+
+def _overlap(u: tuple, v: tuple) -> bool:
+    """Whether two entries of :func:`_units` may share units: the same layer, and not two
+    different chunks of one split of its features."""
+    (layer, part), (other, other_part) = u, v
+    return layer == other and (part is None or other_part is None or part == other_part
+                               or part[:2] != other_part[:2])
