@@ -38,6 +38,6 @@ def _multiply(module: Multiply, ctx: Context) -> stax.Layer:
     return without_kernel(layer, (
         f"{module.dependent}, so the kernel of their product is not the product of their "
         f"kernels. It is exact for factors that each start with a Linear/Conv layer of their own "
-        f"after the tensors they share (F.silu(fc1(x)) * fc2(x)) and have identically "
+        f"after the tensors they share (F.silu(fc1(x)) * fc2(x)), all but one with identically "
         f"distributed channels; otherwise use ntbridge.empirical_ntk for the finite model's "
         f"kernel or ntbridge.monte_carlo for the infinite-width one."))

@@ -6,8 +6,8 @@ refuses products of dependent factors), the expectation of a product is the prod
 expectations: ``E[a(x) b(x) a(x') b(x')] = E[a a'] E[b b']``. So ``K = prod_i K_i`` entrywise,
 every position pair and both layouts alike, and the NTK follows by the product rule,
 ``ntk = sum_i ntk_i prod_{j != i} K_j`` (the gradients of different factors are orthogonal in the
-limit). Every factor's channels must be identically distributed, so that the product of the
-channel averages is the average of the products (``ntbridge.convert`` checks it). The product is
+limit). All factors but one must have identically distributed channels, so that the product of
+the channel averages is the average of the products (``ntbridge.convert`` checks it). The product is
 not Gaussian: it feeds affine layers (or anything not needing a Gaussian input).
 
 A factor may have size 1 where the others have positions, a gate per channel broadcast over the

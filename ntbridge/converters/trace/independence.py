@@ -96,9 +96,10 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
     a squeeze-and-excitation gate ``h * sigmoid(fc2(relu(fc1(pool(h)))))`` are independent;
     ``h * h``, ``h * relu(h)`` and ``relu(h) * tanh(h)`` are not. The NTK's cross terms vanish
     likewise: they sum over a layer's units the products of its fresh weights with gradients
-    that do not involve them. A factor's channels have the same kernel when it comes from a weight
-    layer through modules of :data:`SAME_PER_CHANNEL` (not from the model's input, a
-    concatenation or a normalization).
+    that do not involve them. A kernel is a channel average, and the average of the factors'
+    per-channel products is the product of their averages when all factors but one have the same
+    kernel in every channel: those that come from a weight layer through modules of
+    :data:`SAME_PER_CHANNEL` (not from the model's input, a concatenation or a normalization).
     """
     ancestors, same = {INPUT: frozenset({INPUT})}, {INPUT: False}
     for n in nodes:
@@ -118,11 +119,12 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
                    f"both read the units of {_name(nodes, common[0][0])} without a Linear/Conv "
                    f"layer of their own in between")
             return f"the factors {_name(nodes, a)} and {_name(nodes, b)} are not independent: {why}"
-    for a in inputs:
-        if not same[a]:
-            return (f"the channels of the factor {_name(nodes, a)} may differ in distribution "
-                    f"(it comes from the model's input, a concatenation or a normalization), "
-                    f"and the kernel is their average")
+    differing = [a for a in inputs if not same[a]]
+    if len(differing) > 1:
+        return (f"the channels of the factors {_name(nodes, differing[0])} and "
+                f"{_name(nodes, differing[1])} may differ in distribution (they come from the "
+                f"model's input, a concatenation or a normalization), and their kernels are "
+                f"channel averages")
     return ""
 
 
