@@ -120,7 +120,8 @@ class ReluTimesLinear(nn.Module):
 
     def __init__(self, width=256):
         super().__init__()
-        self.h, self.fc, self.out = nn.Linear(3, width), nn.Linear(width, width), nn.Linear(width, 256)
+        self.h, self.fc = nn.Linear(3, width), nn.Linear(width, width)
+        self.out = nn.Linear(width, 256)
 
     def forward(self, x):
         h = self.h(x)

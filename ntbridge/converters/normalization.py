@@ -72,16 +72,6 @@ def _channel_constants(module: nn.BatchNorm1d) -> dict[str, torch.Tensor]:
     return {"s": s, "mu": mu, "a": a, "d": affine(module.bias, torch.zeros_like) - a * mu}
 
 
-def _channel_moments(module: nn.BatchNorm1d) -> stax.ChannelMoments:
-    """The channel means of eval-mode ``module``'s constants, from its buffers (float64)."""
-    c = _channel_constants(module)
-    s, mu, a, d = c["s"], c["mu"], c["a"], c["d"]
-    mean = lambda t: t.mean().item()
-    weight = None if module.weight is None else (mean(1 / s ** 2), mean(mu ** 2 / s ** 2))
-    return stax.ChannelMoments(mean(a ** 2), mean(d ** 2), weight, module.bias is not None,
-                               bool((a == a[0]).all() and (d == 0).all()))
-
-
 def _channel_map(module: nn.BatchNorm1d) -> ChannelMap:
     """Eval-mode ``module``'s map per channel, for the rules of nonlinearities after it."""
     values = {name: tuple(t.tolist()) for name, t in _channel_constants(module).items()}
@@ -97,7 +87,8 @@ def _batch_norm(module: nn.BatchNorm1d, ctx: Context) -> stax.Layer:
     tensors = tuple(name for name, _ in (*module.named_parameters(), *module.named_buffers()))
     if module.training or module.running_mean is None:  # batch statistics
         return stax.BatchNorm(module.eps, None, tensors)
-    moments, cmap = _channel_moments(module), _channel_map(module)
+    cmap = _channel_map(module)
+    moments = stax.ChannelMoments.of(cmap)
     # the kernel depends on the buffers: the signature has them
     ctx.hyper.update(moments._asdict(), channel_map=hash(cmap))
     return stax.BatchNorm(module.eps, moments, tensors, cmap)

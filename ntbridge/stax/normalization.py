@@ -7,8 +7,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
+from .channel_blocks import weighted_sum
 from .kernel import Kernel, _diagonal_variances
 from .layers import Layer, channels_first
 from .sources import SAMPLING, ChannelMap, Sources, pointwise, rule_of
@@ -155,11 +157,22 @@ class ChannelMoments(NamedTuple):
     bias: bool
     uniform: bool
 
+    @classmethod
+    def of(cls, cmap: ChannelMap) -> "ChannelMoments":
+        """The moments of the channels of ``cmap``."""
+        a, d, mu, s = (np.asarray(v) for v in (cmap.a, cmap.d, cmap.mu, cmap.s))
+        mean = lambda t: float(np.mean(t))
+        weight = (mean(1 / s ** 2), mean(mu ** 2 / s ** 2)) if cmap.gamma else None
+        return cls(mean(a ** 2), mean(d ** 2), weight, cmap.beta,
+                   bool((a == a[0]).all() and (d == 0).all()))
+
 
 def _eval_rule(moments: ChannelMoments, cmap: ChannelMap | None):
     """Eval-mode BatchNorm's kernel rule (see :func:`BatchNorm`)."""
 
     def kernel_fn(k: Kernel) -> Kernel:
+        if k.blocks is not None and cmap is not None:
+            return _per_block(k, cmap)
         if not k.is_gaussian:
             if k.sources is not None and cmap is not None:
                 return pointwise(k, cmap, "BatchNorm")
@@ -181,6 +194,21 @@ def _eval_rule(moments: ChannelMoments, cmap: ChannelMap | None):
                          is_gaussian=gaussian, sources=sources)
 
     return kernel_fn
+
+
+def _per_block(k: Kernel, cmap: ChannelMap) -> Kernel:
+    """BatchNorm of a concatenation along channels (DenseNet's ``norm(cat(features))``): each
+    block mapped by its own channels' constants, the blocks kept for a nonlinearity after it
+    (:mod:`.channel_blocks`)."""
+    blocks, start = [], 0
+    for block in k.blocks:
+        stop = start + block.shape1[block.channel_axis]
+        part = cmap.channels(start, stop)
+        blocks.append(_eval_rule(ChannelMoments.of(part), part)(block))
+        start = stop
+    shares = [b.shape1[k.channel_axis] / k.shape1[k.channel_axis] for b in blocks]
+    out = weighted_sum(blocks, shares, False)
+    return out.replace(shape1=k.shape1, shape2=k.shape2, blocks=tuple(blocks))
 
 
 def _batch_statistics_refused(k: Kernel) -> Kernel:

@@ -203,6 +203,8 @@ def _expand(walk, node, args, kwargs):
 def _cat(walk, node, args, kwargs):
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
     inputs = tuple(walk.seq(a, node) for a in args[0])
+    if len(inputs) == 1:  # torch.cat of one tensor: that tensor
+        return Seq(inputs[0])
     return walk.add("", Concat(dim, correlated(walk.nodes, inputs)), inputs, node)
 
 

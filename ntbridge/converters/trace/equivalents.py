@@ -168,7 +168,8 @@ CONCATS = (torch.cat, torch.concat, torch.concatenate)
 
 
 def _concat(tensors, dim=0, *, axis=None) -> nn.Module:
-    return Concat(dim if axis is None else axis)
+    """``torch.cat``; of one tensor (a DenseNet layer's first input list), that tensor."""
+    return Concat(dim if axis is None else axis) if len(tensors) > 1 else nn.Identity()
 
 
 def equivalent(node: fx.Node, constants: dict | None = None) -> tuple[nn.Module, list]:
