@@ -9,7 +9,7 @@ import ntbridge
 from ntbridge import errors
 from ntbridge.dlpack import precision, to_jax
 
-from montecarlo import assert_within_standard_error, sample_kernels
+from montecarlo import assert_within_standard_error, check_architecture, sample_kernels
 
 
 def apply(module, x):
@@ -58,6 +58,50 @@ def test_layernorm_mlp_matches_monte_carlo(parameterization):
     k = ntbridge.kernel(model, x, parameterization=parameterization)
     assert_within_standard_error(nngp, k.nngp, "NNGP")
     assert_within_standard_error(ntk, k.ntk, f"NTK ({parameterization})")
+
+
+class ChannelsLast(nn.Module):
+    """ConvNeXt's block without its layer scale: a depthwise convolution, then the channels moved
+    last for a LayerNorm and an MLP of Linear layers, and back, added to the block's input."""
+
+    def __init__(self, width=128):
+        super().__init__()
+        self.stem, self.depthwise = nn.Conv2d(2, width, 1), nn.Conv2d(width, width, 3, padding=1,
+                                                                      groups=width)
+        self.norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+        self.head = nn.Linear(width * 9, 256)
+
+    def forward(self, x):
+        h = self.stem(x)
+        y = self.mlp(self.norm(self.depthwise(h).permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        return self.head((h + y).flatten(1))
+
+
+def test_channels_moved_last_and_back_forward_is_torchs():
+    model, x = ChannelsLast(8).double(), torch.randn(3, 2, 3, 3, dtype=torch.float64)
+    torch.testing.assert_close(apply(model, x), model(x).detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_flattening_channels_last_gives_the_kernel_of_channels_first():
+    class Flat(nn.Module):
+        def __init__(self, last):
+            super().__init__()
+            self.conv, self.fc, self.last = nn.Conv2d(2, 8, 1), nn.Linear(8 * 9, 1), last
+
+        def forward(self, x):
+            h = self.conv(x)
+            return self.fc((h.permute(0, 2, 3, 1) if self.last else h).flatten(1))
+
+    x = torch.randn(3, 2, 3, 3, dtype=torch.float64)
+    last, first = (ntbridge.kernel(Flat(last).double(), x) for last in (True, False))
+    torch.testing.assert_close(last.nngp, first.nngp, rtol=1e-12, atol=0)
+    torch.testing.assert_close(last.ntk, first.ntk, rtol=1e-12, atol=0)
+
+
+@pytest.mark.slow
+def test_channels_last_layers_match_monte_carlo():
+    check_architecture(lambda: (ChannelsLast(), (2, 3, 3)), "standard")
 
 
 def test_layernorm_refusals():

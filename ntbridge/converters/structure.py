@@ -15,15 +15,22 @@ def _identity(module: nn.Identity, ctx: Context) -> stax.Layer:
 
 
 class SwapLast(nn.Module):
-    """``x.transpose(1, 2)`` of ``(N, C, L)`` or ``(N, L, C)`` (``stax.SwapLast``)."""
+    """``x.transpose(1, 2)`` of ``(N, C, L)`` or ``(N, L, C)``; ``to_last``: the channels of
+    ``(N, C, *S)`` moved last (True) or back (False) (``stax.SwapLast``)."""
+
+    def __init__(self, to_last: bool | None = None):
+        super().__init__()
+        self.to_last = to_last
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.transpose(1, 2)
+        if self.to_last is None:
+            return x.transpose(1, 2)
+        return x.movedim(1, -1) if self.to_last else x.movedim(-1, 1)
 
 
 @register(SwapLast)
 def _swap_last(module: SwapLast, ctx: Context) -> stax.Layer:
-    return stax.SwapLast()
+    return stax.SwapLast(module.to_last)
 
 
 @register(nn.Flatten)

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedLayerError
 from .channel_blocks import weighted_sum
-from .kernel import Kernel, _diagonal_variances
+from .kernel import Kernel, _diagonal_variances, variances
 from .layers import Layer, channels_first
 from .sources import SAMPLING, ChannelMap, Sources, pointwise, rule_of
 
@@ -19,8 +19,8 @@ from .sources import SAMPLING, ChannelMap, Sources, pointwise, rule_of
 def LayerNorm(normalized_shape: tuple[int, ...], eps: float, weight: float | None = None,
               bias: float | None = None) -> Layer:
     """torch's ``nn.LayerNorm(normalized_shape, eps)`` over every non-batch axis, ``(N, C, *S)``,
-    or over each token's features of sequences ``(N, T, d)`` (``normalized_shape = (d,)``: the
-    same rule per token, with each token's own variance ``v_t``).
+    or over each position's features of sequences ``(N, T, d)`` or channels-last images ``(N, *S,
+    d)`` (``normalized_shape = (d,)``: the same rule per position, with its own variance ``v_s``).
 
     ``weight``/``bias`` are the affine parameters' values, each constant over its entries (None:
     no such parameter). Forward: ``(x - mean) / sqrt(var + eps) * weight + bias`` per example.
@@ -63,10 +63,10 @@ def _normalization(name: str, shape: tuple[int, ...], eps: float, weight: float 
 
     def init_fn(key, input_shape):
         normalized = tuple(input_shape[-n_axes:])
-        if (len(input_shape) - n_axes not in (1, 2)
+        if (len(input_shape) - n_axes < 1
                 or any(s not in (-1, n) for s, n in zip(shape, normalized))):
             raise ShapeError(f"normalizes over {shape}, which must be the whole per-example shape "
-                             f"or each token's features (N, T, d), got inputs "
+                             f"or each position's features (N, T, d) or (N, *S, d), got inputs "
                              f"{tuple(input_shape)}")
         fresh = {"weight": (weight, jnp.ones), "bias": (bias, jnp.zeros)}  # torch's own init
         return tuple(input_shape), {key: init(shape) for key, (value, init) in fresh.items()
@@ -90,7 +90,7 @@ def _normalization(name: str, shape: tuple[int, ...], eps: float, weight: float 
 def _check_input(name: str, shape: tuple[int, ...], k: Kernel, centred: bool) -> None:
     """ShapeError for a per-token norm of channels-first inputs; UnsupportedLayerError for a
     LayerNorm (``centred``) of an input that is not a zero-mean Gaussian."""
-    if len(k.shape1) - len(shape) == 2 and not k.tokens:
+    if len(k.shape1) - len(shape) >= 2 and not k.tokens:
         raise ShapeError(
             f"{name}{shape} of inputs {k.shape1} normalizes the last axis: a kernel rule for "
             f"sequences (N, T, d), features last, but its input here is channels first, its last "
@@ -105,37 +105,27 @@ def _check_input(name: str, shape: tuple[int, ...], k: Kernel, centred: bool) ->
 
 def _normalized(k: Kernel, n_axes: int, eps: float, weight: float | None,
                 bias: float | None) -> Kernel:
-    """``k`` divided by ``sqrt((v1 + eps)(v2 + eps))`` (``v``: the mean of each example's, or
-    each token's, covariance diagonal), then the affine parameters' terms (see LayerNorm)."""
-    v1, v2 = (_diagonal_variances(c, k.diagonal_spatial) for c in (k.cov1, k.cov2))
-    if len(k.shape1) - n_axes == 2:  # each token of (N, T, d) on its own: variances (N, T)
-        v1, v2 = v1 + eps, v2 + eps
-        both = lambda va, vb, pairs: _token_pairs(va, vb, pairs, k.diagonal_spatial)
-        scaled = lambda a: a * both(v1, v2, True)  # a kernel of x1 and x2 examples
-        cov = lambda c, v: c * both(v, v, False)   # each example's with itself
-    else:
-        v1, v2 = (v.reshape(v.shape[0], -1).mean(1) + eps for v in (v1, v2))
+    """``k`` divided by ``sqrt((v1 + eps)(v2 + eps))`` (``v``: the mean of each example's
+    covariance diagonal, or each position's variance where each position's features are
+    normalized on their own), then the affine parameters' terms (see LayerNorm)."""
+    if len(k.shape1) - n_axes == 1:  # the whole per-example shape: one variance per example
+        v1, v2 = (_diagonal_variances(c, k.diagonal_spatial) for c in (k.cov1, k.cov2))
+        r1, r2 = (jax.lax.rsqrt(v.reshape(v.shape[0], -1).mean(1) + eps) for v in (v1, v2))
         pad = (1,) * (k.nngp.ndim - 2)
-        scale = lambda a, va, vb: a * jax.lax.rsqrt(va) * jax.lax.rsqrt(vb)
-        scaled = lambda a: scale(a, v1.reshape(-1, 1, *pad), v2.reshape(1, -1, *pad))
-        cov = lambda c, v: scale(c, v.reshape(-1, *pad), v.reshape(-1, *pad))
-    nngp = scaled(k.nngp)
+        factors = {"nngp": (r1.reshape(-1, 1, *pad), r2.reshape(1, -1, *pad)),
+                   "cov1": (r1.reshape(-1, *pad),) * 2, "cov2": (r2.reshape(-1, *pad),) * 2}
+    else:  # each position of (N, T, d) or (N, *S, d): its own variance, broadcast to each entry
+        factors = {name: tuple(jax.lax.rsqrt(v + eps) for v in pair)
+                   for name, pair in variances(k).items()}
+    scaled = lambda a, name: a * factors[name][0] * factors[name][1]
+    nngp = scaled(k.nngp, "nngp")
     w2 = 1.0 if weight is None else weight ** 2
     b2 = 0.0 if bias is None else bias ** 2
     own = (0.0 if weight is None else nngp) + (0.0 if bias is None else 1.0)
-    ntk = None if k.ntk is None else w2 * scaled(k.ntk) + own
-    return k.replace(nngp=w2 * nngp + b2, ntk=ntk, cov1=w2 * cov(k.cov1, v1) + b2,
-                     cov2=w2 * cov(k.cov2, v2) + b2,
+    ntk = None if k.ntk is None else w2 * scaled(k.ntk, "nngp") + own
+    return k.replace(nngp=w2 * nngp + b2, ntk=ntk, cov1=w2 * scaled(k.cov1, "cov1") + b2,
+                     cov2=w2 * scaled(k.cov2, "cov2") + b2,
                      is_gaussian=k.is_gaussian and b2 == 0)  # else not centred
-
-
-def _token_pairs(va: jax.Array, vb: jax.Array, pairs: bool, diagonal_spatial: bool):
-    """``1 / sqrt(va[t] vb[t'])`` for variances ``(N, T)``, broadcasting against a kernel of
-    token pairs (``pairs``: of two batches, ``(Na, Nb, T, T')``; else one, ``(N, T, T')``)."""
-    ra, rb = jax.lax.rsqrt(va), jax.lax.rsqrt(vb)
-    if not diagonal_spatial:
-        ra, rb = ra[..., :, None], rb[..., None, :]
-    return ra[:, None] * rb[None] if pairs else ra * rb
 
 
 class ChannelMoments(NamedTuple):

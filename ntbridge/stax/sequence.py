@@ -75,32 +75,43 @@ def TokenSelect(index: int) -> Layer:
     return Layer(init_fn, lambda params, x: x[:, index], kernel_fn, affine=True)
 
 
-def SwapLast() -> Layer:
+def SwapLast(to_last: bool | None = None) -> Layer:
     """``x.transpose(1, 2)`` of ``(N, C, L) <-> (N, L, C)``: a channels-first 1-D signal's positions
     become a sequence's tokens, its channels the features (a ViT's patch embedding,
     ``conv(x).flatten(2).transpose(1, 2)``), or back (a convolution over the tokens,
-    ``conv(h.transpose(1, 2)).transpose(1, 2)``). The kernel's arrays stay as they are (every pair
-    of positions is every pair of tokens, ``(N1, N2, L, L')``); the channels change axis.
+    ``conv(h.transpose(1, 2)).transpose(1, 2)``). ``to_last``: the channels of ``(N, C, *S)``
+    moved last, ``x.permute(0, 2, 3, 1)`` (True), or back, ``x.permute(0, 3, 1, 2)`` (False), for
+    any number of position axes (ConvNeXt's channels-last LayerNorm and Linear layers). The
+    kernel's arrays stay as they are (every pair of positions is every pair of tokens,
+    ``(N1, N2, L, L')``); the channels change axis.
 
     Example:
         >>> SwapLast().init_fn(jax.random.key(0), (4, 16, 9))[0]
         (4, 9, 16)
+        >>> SwapLast(to_last=True).init_fn(jax.random.key(0), (4, 16, 5, 6))[0]
+        (4, 5, 6, 16)
     """
-    swap = lambda shape: (shape[0], shape[2], shape[1])
+    source, target = {None: (1, 2), True: (1, -1), False: (-1, 1)}[to_last]
 
-    def check(shape) -> None:
-        if len(shape) != 3:
+    def move(shape) -> tuple[int, ...]:
+        if len(shape) != 3 if to_last is None else len(shape) < 3:
             raise UnsupportedLayerError(
                 f"transpose(1, 2) of outputs {tuple(shape)}: only (N, C, L) <-> (N, L, C), "
                 f"positions <-> tokens, has a kernel rule; flatten the positions first "
-                f"(x.flatten(2)).")
+                f"(x.flatten(2)), or permute the channels of (N, C, H, W) last and back.")
+        axes = list(range(len(shape)))
+        axes.insert(target % len(shape), axes.pop(source % len(shape)))
+        return tuple(shape[a] for a in axes)
 
     def init_fn(key, shape):
-        check(shape)
-        return swap(tuple(shape)), {}
+        return move(tuple(shape)), {}
 
     def kernel_fn(k: Kernel) -> Kernel:
-        check(k.shape1)
-        return k.replace(shape1=swap(k.shape1), shape2=swap(k.shape2), tokens=not k.tokens)
+        if to_last is not None and k.tokens == to_last:
+            raise UnsupportedLayerError(f"a permutation moving the channels "
+                                        f"{'last' if to_last else 'first'} of outputs whose "
+                                        f"channels are already there, {k.shape1}.")
+        return k.replace(shape1=move(k.shape1), shape2=move(k.shape2), tokens=not k.tokens)
 
-    return Layer(init_fn, lambda params, x: jnp.swapaxes(x, 1, 2), kernel_fn, affine=True)
+    return Layer(init_fn, lambda params, x: jnp.moveaxis(x, source, target), kernel_fn,
+                 affine=True)

@@ -52,10 +52,15 @@ def _transpose(x, dim0, dim1) -> nn.Module:
 
 def _permute(x, *dims) -> nn.Module:
     dims = as_sizes(dims)
-    if dims not in ((0, 2, 1), (0, -1, -2)):
+    n = len(dims)
+    dims = tuple(d % n for d in dims)
+    to_last, back = (0, *range(2, n), 1), (0, n - 1, *range(1, n - 1))
+    if n < 3 or dims not in (to_last, back):
         raise UnsupportedLayerError(f"permute{dims}: only permute(0, 2, 1) of (N, C, L) <-> "
-                                    f"(N, L, C) and permute(1, 0, 2) of sequences are supported.")
-    return SwapLast()
+                                    f"(N, L, C), the channels of (N, C, *S) moved last "
+                                    f"(permute(0, 2, 3, 1)) or back (permute(0, 3, 1, 2)), and "
+                                    f"permute(1, 0, 2) of sequences are supported.")
+    return SwapLast(None if n == 3 else dims == to_last)
 
 
 def _attribute(x, name) -> nn.Module:
