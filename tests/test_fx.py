@@ -366,13 +366,24 @@ def test_untraceable_models_and_forms_fx_cannot_convert():
     class RawParameter(nn.Module):
         def __init__(self):
             super().__init__()
+            self.weight = nn.Parameter(torch.ones(4, 4))
+
+        def forward(self, x):
+            return x @ self.weight
+
+    with pytest.raises(errors.UnsupportedLayerError, match="uses the tensor 'weight' directly"):
+        ntbridge.convert(RawParameter())
+
+    class InputScale(nn.Module):  # a scale per channel of the input's channels, not i.i.d.
+        def __init__(self):
+            super().__init__()
             self.scale = nn.Parameter(torch.ones(4))
 
         def forward(self, x):
             return x * self.scale
 
-    with pytest.raises(errors.UnsupportedLayerError, match="uses the tensor 'scale' directly"):
-        ntbridge.convert(RawParameter())
+    with pytest.raises(errors.UnsupportedLayerError, match="i.i.d. channels"):
+        ntbridge.nngp(InputScale(), torch.randn(3, 4))
 
     class TwoArguments(nn.Module):
         def __init__(self):

@@ -79,6 +79,30 @@ def _channel_map(module: nn.BatchNorm1d) -> ChannelMap:
                       module.weight is not None, module.bias is not None)
 
 
+class ChannelScale(nn.Module):
+    """``x * gamma`` for the model's parameter ``gamma``, one scale per channel, ``(C, 1, ...,
+    1)`` or ``(C,)`` for channels last (ConvNeXt's layer scale), registered here under its own
+    attribute name ``name`` (so that its qualified name stays the model's)."""
+
+    def __init__(self, name: str, parameter: nn.Parameter):
+        super().__init__()
+        self.name = name
+        self.register_parameter(name, parameter)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * getattr(self, self.name)
+
+
+@register(ChannelScale)
+def _channel_scale(module: ChannelScale, ctx: Context) -> stax.Layer:
+    gamma = getattr(module, module.name)
+    values = tuple(gamma.detach().double().flatten().tolist())
+    zeros = (0.0,) * len(values)
+    cmap = ChannelMap(values, zeros, zeros, (1.0,) * len(values), gamma.requires_grad, False)
+    ctx.hyper.update(channel_map=hash(cmap))  # the kernel depends on the values
+    return stax.ChannelScale(module.name, tuple(gamma.shape), cmap)
+
+
 @register(nn.BatchNorm1d)
 @register(nn.BatchNorm2d)
 @register(nn.BatchNorm3d)

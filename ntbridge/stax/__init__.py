@@ -18,7 +18,8 @@ from .indexing import Chunk, FanInStack, Index, Reduce, Unsqueeze
 from .embedding import Embedding, Positions, Row, Token
 from .kernel import Kernel, features_last_kernel, input_kernel, sequence_kernel
 from .layers import PARAMETERIZATIONS, Dense, Identity, Layer, Outer, with_hyper
-from .normalization import BatchNorm, ChannelMoments, LayerNorm, RMSNorm
+from .batchnorm import BatchNorm, ChannelMoments, ChannelScale
+from .normalization import LayerNorm, RMSNorm
 from .rotary_attention import RotaryAttention
 from .piecewise import Piece, Pieces
 from .pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, LPPool1, MaxPool
@@ -31,7 +32,7 @@ from .softmax_moments import Rule
 from .transpose import ConvTranspose
 
 __all__ = ["ab_relu_rule", "ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
-           "AvgPool", "BatchNorm", "ChannelMoments", "Chunk", "Conv", "ConvTranspose", "Cos",
+           "AvgPool", "BatchNorm", "ChannelMoments", "ChannelScale", "Chunk", "Conv", "ConvTranspose", "Cos",
            "CrossAttention", "dag", "Dense", "Dropout", "elementwise", "Embedding", "Erf", "Exp",
            "FanInConcat", "FanInProd", "FanInStack", "FanInSum", "FanOut", "features_last_kernel",
            "Flatten", "Gelu", "GeometricFeatures", "Identity", "Index", "INPUT", "input_kernel",

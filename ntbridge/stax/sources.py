@@ -59,12 +59,6 @@ class ChannelMap:
         """No shift on any channel and, with a trained ``gamma``, no running mean."""
         return not any(self.d) and not (self.gamma and any(self.mu))
 
-    def channels(self, start: int, stop: int) -> "ChannelMap":
-        """The map of channels ``start`` to ``stop - 1`` (a block of a concatenation)."""
-        part = lambda values: values[start:stop]
-        return ChannelMap(part(self.a), part(self.d), part(self.mu), part(self.s), self.gamma,
-                          self.beta)
-
 
 @dataclasses.dataclass(frozen=True)
 class Samples:

@@ -16,6 +16,7 @@ from ..functional import FORMS
 from ..geometric import GlobalPool, ends_affine
 from ..graph import Node
 from ..indexing import Chunk, Index, Reduce, Stack, Unsqueeze
+from ..normalization import ChannelScale
 from ..positions import AddPositions, LearnedToken
 from ..products import Multiply
 from ..structure import SwapLast
@@ -30,7 +31,7 @@ LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, *AVG_POOLS, *RESIZES, *DROPOUTS
 # per-channel affine maps of their input (eval-mode BatchNorm): a branch through one keeps its
 # terms' independence, though not their zero mean (the kernel of a sum then needs the sources'
 # rule, ``stax.sources``, which the sum's kernel rule uses where a branch is not centred)
-CHANNEL_MAPS = (nn.modules.batchnorm._BatchNorm,)
+CHANNEL_MAPS = (nn.modules.batchnorm._BatchNorm, ChannelScale)
 # modules after which every channel has the same kernel when every channel of their inputs has
 # (elementwise or the same map of positions for every channel; a sum or product of such inputs)
 SAME_PER_CHANNEL = (*FORMS, Elementwise, nn.Identity, *DROPOUTS, *AVG_POOLS, nn.Upsample,

@@ -4,7 +4,9 @@ dtype casts around it (:func:`cast_source`).
 The recognised form is Llama's: ``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``, then
 optionally ``* w`` (``w * ...``) with ``w`` a parameter of the model, the square also written
 ``x ** 2``, ``x * x`` or ``torch.square(x)``, the casts ``x.to(torch.float32)``, ``x.float()``,
-``x.to(input_dtype)`` anywhere in between (the kernel is the same in any precision).
+``x.to(input_dtype)`` anywhere in between (the kernel is the same in any precision). Any other
+product of a parameter with one scale per channel and a tensor, ``gamma * x`` (ConvNeXt's layer
+scale), is a :class:`~..normalization.ChannelScale` (:func:`channel_scale_pattern`).
 
 Example:
     >>> class Norm(nn.Module):                                   # Llama's LlamaRMSNorm
@@ -22,7 +24,7 @@ import operator
 import torch
 from torch import fx, nn
 
-from ..normalization import rms_norm_of
+from ..normalization import ChannelScale, rms_norm_of
 from .equivalents import is_shape
 from .nodes import Trace, pattern
 from .tracer import describe
@@ -190,4 +192,22 @@ def rms_norm_pattern(node: fx.Node, t: Trace) -> bool:
     if node is match.last:
         module, name = rms_norm_module(match, t.params)
         t.add(node, name, module, (t.source(match.x, describe(node)),), describe(node))
+    return True
+
+
+@pattern
+def channel_scale_pattern(node: fx.Node, t: Trace) -> bool:
+    """``gamma * x`` (or ``x * gamma``) of a parameter ``gamma`` of the model of shape ``(C, 1,
+    ..., 1)`` or ``(C,)``: one :class:`~..normalization.ChannelScale`, named as ``gamma``'s owner."""
+    if (factors := _factors(node)) is None:
+        return False
+    found = [a for a in factors if isinstance(a, fx.Node) and a.op == "get_attr"
+             and a.target in t.params]
+    gamma = t.params[found[0].target] if len(found) == 1 else None
+    if gamma is None or gamma.ndim == 0 or any(size != 1 for size in gamma.shape[1:]):
+        return False
+    x = next(a for a in factors if a is not found[0])
+    owner, _, local = found[0].target.rpartition(".")
+    t.add(node, owner, ChannelScale(local, gamma), (t.source(x, describe(node)),),
+          describe(node))
     return True

@@ -26,7 +26,7 @@ from .geometric import geometric_call, is_geometric
 from .independence import correlated, dependent
 from .nodes import Trace, direct_use, pattern
 from .chunks import chunk_pattern  # noqa: F401 (registered first, as the next: whole forms)
-from .norms import rms_norm_pattern  # noqa: F401
+from .norms import channel_scale_pattern, rms_norm_pattern  # noqa: F401
 from .positions import (is_arange, is_arange_value, is_positions, learned_token, position_view,
                         positions)
 from .time_major import batch_first_form, swapped
