@@ -186,3 +186,27 @@ def test_user_registered_converter_end_to_end():
     k = ntbridge.kernel(model, x)
     assert_within_standard_error(nngp_samples, k.nngp, "NNGP")
     assert_within_standard_error(ntk_samples, k.ntk, "NTK")
+
+
+def test_a_subclass_overriding_forward_is_not_converted_as_its_base():
+    # a convolution standardizing its weights in forward computes another layer than nn.Conv2d:
+    # its forward is traced (and refused here), not converted by nn.Conv2d's rule; a subclass
+    # keeping the base's forward converts as the base
+    class StandardizedConv(nn.Conv2d):
+        def forward(self, x):
+            w = self.weight
+            w = (w - w.mean((1, 2, 3), keepdim=True)) / w.std((1, 2, 3), keepdim=True)
+            return F.conv2d(x, w, self.bias)
+
+    class NamedConv(nn.Conv2d):
+        pass
+
+    x = torch.randn(2, 2, 3, 3, dtype=torch.float64)
+    net = lambda conv: nn.Sequential(conv(2, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8, 1))
+    with pytest.raises(errors.UnsupportedLayerError, match=r"module '0' \(StandardizedConv\)"):
+        ntbridge.nngp(net(StandardizedConv), x)
+    torch.manual_seed(0)
+    named = ntbridge.kernel(net(NamedConv).double(), x)
+    torch.manual_seed(0)
+    plain = ntbridge.kernel(net(nn.Conv2d).double(), x)
+    assert torch.equal(named.nngp, plain.nngp) and torch.equal(named.ntk, plain.ntk)

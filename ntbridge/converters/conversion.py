@@ -26,7 +26,7 @@ from .export.analytic import export_nodes
 from .graph import Graph, Node, make_node
 from .huggingface import library_inits
 from .registry import (ATTENTION_POINTS, EXPECTATION_POINTS, Options, StdOption, as_float,
-                       find_converter)
+                       find_converter, overrides_forward)
 from .reuse import check_reuse, children
 from .trace import fx_nodes
 from .trace.calls import ATTENTION_MODULES
@@ -42,8 +42,11 @@ def _leaves(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Modul
 
 
 def _is_user_container(module: nn.Module) -> bool:
-    """A user's module with no converter: its forward must be traced."""
-    return find_converter(module) is None and not type(module).__module__.startswith("torch.")
+    """A user's module with no converter, or overriding its converter's ``forward``: its forward
+    must be traced."""
+    if find_converter(module) is not None:
+        return overrides_forward(module)
+    return not type(module).__module__.startswith("torch.")
 
 
 def _check_uniform(model: nn.Module) -> None:

@@ -67,6 +67,21 @@ def find_converter(module: nn.Module) -> Converter | None:
     return None
 
 
+def overrides_forward(module: nn.Module) -> bool:
+    """Whether ``module``'s class defines its own ``forward`` below the class registered by type
+    whose converter :func:`find_converter` gives (a subclass computing something else, e.g. a
+    convolution standardizing its weights): that converter does not describe it. Classes
+    registered by name are a library's families, whose converters read their subclasses (each
+    PyTorch Geometric layer defines its ``forward``)."""
+    mro = type(module).__mro__
+    for i, cls in enumerate(mro):
+        if cls in CONVERTERS:
+            return any("forward" in c.__dict__ for c in mro[:i])
+        if f"{cls.__module__}.{cls.__qualname__}" in CONVERTERS_BY_NAME:
+            return False
+    return False
+
+
 def supported_types() -> tuple[str, ...]:
     """The names of the torch module types (and users' registered ones) that convert; ntbridge's
     internal stand-ins for functional calls are not listed."""

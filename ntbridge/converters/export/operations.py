@@ -122,10 +122,10 @@ def _positions(walk, node, x: Seq, b) -> Seq:
 def _layer_norm(walk, node, args, kwargs):
     weight = args[2] if len(args) > 2 else kwargs.get("weight")
     if not isinstance(weight, Param):
-        return walk.add("", nn.LayerNorm(args[1], args[4] if len(args) > 4 else 1e-5,
-                                         elementwise_affine=False), (args[0].index,), node)
+        norm = nn.LayerNorm(args[1], args[4] if len(args) > 4 else 1e-5, elementwise_affine=False)
+        return walk.add("", norm, (walk.seq(args[0], node),), node)
     name, module = walk.owner(weight)
-    return walk.add(name, module, (args[0].index,), node)
+    return walk.add(name, module, (walk.seq(args[0], node),), node)
 
 
 def _activation(walk, node, args, kwargs):
@@ -134,7 +134,7 @@ def _activation(walk, node, args, kwargs):
         module = nn.GELU(kwargs.get("approximate", args[1] if len(args) > 1 else "none"))
     else:
         module = _ACTIVATIONS[name]()
-    return walk.add("", module, (args[0].index,), node)
+    return walk.add("", module, (walk.seq(args[0], node),), node)
 
 
 def _mul(walk, node, args, kwargs):
@@ -165,7 +165,7 @@ def _slice(walk, node, args, kwargs):
 def _mean(walk, node, args, kwargs):
     dim = tuple(args[1]) if isinstance(args[1], (list, tuple)) else (args[1],)
     keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
-    return walk.add("", Reduce(dim, keep), (args[0].index,), node)
+    return walk.add("", Reduce(dim, keep), (walk.seq(args[0], node),), node)
 
 
 def _conv(walk, node, args, kwargs):

@@ -11,7 +11,7 @@ import torch
 from torch import fx, nn
 
 from ...errors import ConversionError
-from ..registry import find_converter
+from ..registry import find_converter, overrides_forward
 from ..geometric import pool_functions
 
 _SCOPE = "ntbridge_scope"  # node.meta key: (qualified name, type name) of the enclosing module
@@ -26,7 +26,11 @@ class _Tracer(fx.Tracer):
         self.scopes = [("", type(model).__name__)]
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return find_converter(m) is not None or super().is_leaf_module(m, qualname)
+        """Modules with a converter, unless their class overrides its ``forward`` (traced
+        through, as the user's own modules), and torch's own."""
+        if find_converter(m) is not None:
+            return not overrides_forward(m)
+        return super().is_leaf_module(m, qualname)
 
     def call_module(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict):
         self.scopes.append((self.path_of_module(m), type(m).__name__))
