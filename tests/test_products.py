@@ -191,6 +191,19 @@ def test_dependent_factors_are_refused_by_name(fn, says):
         ntbridge.ntk(model, x)
 
 
+def test_a_factor_of_the_inputs_own_channels_is_refused():
+    class InputTimesLinear(nn.Module):  # x * fc(x): fc's width is the input's, finite
+        def __init__(self):
+            super().__init__()
+            self.fc, self.out = nn.Linear(3, 3), nn.Linear(3, 1)
+
+        def forward(self, x):
+            return self.out(x * self.fc(x))
+
+    with pytest.raises(errors.UnsupportedLayerError, match="reads the model's input"):
+        ntbridge.ntk(InputTimesLinear(), torch.randn(2, 3))
+
+
 def test_refusal_says_what_to_do_instead():
     model = Dependent(lambda m, x: (lambda h: h * h)(m.fc(x)))
     with pytest.raises(errors.UnsupportedLayerError,

@@ -120,6 +120,11 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
                    f"both read the units of {_name(nodes, common[0][0])} without a Linear/Conv "
                    f"layer of their own in between")
             return f"the factors {_name(nodes, a)} and {_name(nodes, b)} are not independent: {why}"
+    for a in inputs:
+        if (INPUT, None) in units[a]:
+            return (f"the factor {_name(nodes, a)} reads the model's input without a Linear/Conv "
+                    f"layer in between: its channels are the input's own, finitely many, which "
+                    f"no infinite width averages")
     differing = [a for a in inputs if not same[a]]
     if len(differing) > 1:
         return (f"the channels of the factors {_name(nodes, differing[0])} and "
