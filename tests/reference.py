@@ -56,7 +56,7 @@ def channel_averaged_ntk(model, x1, x2):
     return diag.permute(0, 1, *[i for d in range(ndim) for i in (2 + d, 2 + ndim + d)]).numpy()
 
 
-# ---------------------------------------------------------------- Gaussian expectations by quadrature
+# ------------------------------------------------------------ Gaussian expectations by quadrature
 WIDTH = 12.0  # in standard deviations: the normal density beyond is below 1e-31
 
 
@@ -84,7 +84,7 @@ def expectation(f, g, q1, q2, c, kinks, tol=1e-13):
 
 
 def scale(f, q1, q2, kinks):
-    """``sqrt(E f(u)^2 E f(v)^2)``: the scale of ``E[f(u) f(v)]`` (its value at correlation 1 for equal
-    variances)."""
+    """``sqrt(E f(u)^2 E f(v)^2)``: the scale of ``E[f(u) f(v)]`` (its value at correlation 1 for
+    equal variances)."""
     return math.sqrt(_mean(lambda x: f(x) ** 2, 0, math.sqrt(q1), kinks, 1e-13)
                      * _mean(lambda x: f(x) ** 2, 0, math.sqrt(q2), kinks, 1e-13))

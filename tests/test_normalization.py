@@ -70,7 +70,8 @@ class ChannelsLast(nn.Module):
         self.stem, self.depthwise = nn.Conv2d(2, width, 1), nn.Conv2d(width, width, 3, padding=1,
                                                                       groups=width)
         self.norm = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(),
+                                 nn.Linear(2 * width, width))
         self.head = nn.Linear(width * 9, 256)
         shape = (width,) if scale == "last" else (width, 1, 1)
         values = 3 * torch.rand(shape, generator=torch.Generator().manual_seed(2))

@@ -180,7 +180,7 @@ class Dependent(nn.Module):
                                               "same tensor"),
     (lambda m, x: (lambda h: h * torch.relu(h))(m.fc(x)), "one is computed from the other"),
     (lambda m, x: (lambda h: torch.relu(h) * torch.tanh(h))(m.fc(x)),
-     "both read the units of 'fc' without a Linear/Conv layer of their own"),
+     "both read the units of 'fc' without a Linear/Conv layer mixing all channels of their own"),
     (lambda m, x: torch.cat([m.fc(x), x], 1)[:, :8] * m.fc2(x), "getitem|channels"),
     (lambda m, x: nn.functional.pad(x, (0, 5)) * m.fc2(x), "pad"),
 ])
@@ -202,6 +202,22 @@ def test_a_factor_of_the_inputs_own_channels_is_refused():
 
     with pytest.raises(errors.UnsupportedLayerError, match="reads the model's input"):
         ntbridge.ntk(InputTimesLinear(), torch.randn(2, 3))
+
+
+def test_a_depthwise_convolution_keeps_its_channels_dependent():
+    class Depthwise(nn.Module):  # dw(h)'s channel c is a sum over h's channel c alone
+        def __init__(self):
+            super().__init__()
+            self.conv, self.dw = nn.Conv2d(2, 8, 1), nn.Conv2d(8, 8, 3, padding=1, groups=8)
+            self.out = nn.Linear(8 * 9, 1)
+
+        def forward(self, x):
+            h = self.conv(x)
+            return self.out((h * self.dw(h)).flatten(1))
+
+    with pytest.raises(errors.UnsupportedLayerError, match="one is computed from the other "
+                                                           "without a Linear/Conv layer mixing"):
+        ntbridge.ntk(Depthwise(), torch.randn(2, 2, 3, 3))
 
 
 def test_refusal_says_what_to_do_instead():

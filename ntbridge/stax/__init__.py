@@ -32,8 +32,9 @@ from .softmax_moments import Rule
 from .transpose import ConvTranspose
 
 __all__ = ["ab_relu_rule", "ABRelu", "Abs", "AdaptiveAvgPool", "AdaptiveMaxPool", "Aggregate",
-           "AvgPool", "BatchNorm", "ChannelMoments", "ChannelScale", "Chunk", "Conv", "ConvTranspose", "Cos",
-           "CrossAttention", "dag", "Dense", "Dropout", "elementwise", "Embedding", "Erf", "Exp",
+           "AvgPool", "BatchNorm", "ChannelMoments", "ChannelScale", "Chunk", "Conv",
+           "ConvTranspose", "Cos", "CrossAttention", "dag", "Dense", "Dropout", "elementwise",
+           "Embedding", "Erf", "Exp",
            "FanInConcat", "FanInProd", "FanInStack", "FanInSum", "FanOut", "features_last_kernel",
            "Flatten", "Gelu", "GeometricFeatures", "Identity", "Index", "INPUT", "input_kernel",
            "InputAggregate", "Kernel", "Layer", "LayerNorm", "LeakyRelu", "LPPool1", "MaxPool",

@@ -28,6 +28,7 @@ AFFINE = (nn.Linear, *CONVS, nn.Embedding, nn.MultiheadAttention, LearnedToken, 
 LINEAR = (nn.Identity, nn.Flatten, nn.Unflatten, *AVG_POOLS, *RESIZES, *DROPOUTS, Add, Concat,
           Scale, Index, Reduce, Unsqueeze, Stack, Aggregate, InputAggregate, nn.LPPool1d,
           nn.LPPool2d, nn.LPPool3d, AddPositions, SwapLast, GlobalPool)
+MIXING = "a Linear/Conv layer mixing all channels"  # (a grouped convolution mixes its groups')
 # per-channel affine maps of their input (eval-mode BatchNorm): a branch through one keeps its
 # terms' independence, though not their zero mean (the kernel of a sum then needs the sources'
 # rule, ``stax.sources``, which the sum's kernel rule uses where a branch is not centred)
@@ -115,16 +116,16 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
             if not common:
                 continue
             why = ("they are the same tensor" if a == b else
-                   "one is computed from the other without a Linear/Conv layer in between"
+                   f"one is computed from the other without {MIXING} in between"
                    if a in ancestors[b] or b in ancestors[a] else
-                   f"both read the units of {_name(nodes, common[0][0])} without a Linear/Conv "
-                   f"layer of their own in between")
+                   f"both read the units of {_name(nodes, common[0][0])} without {MIXING} of "
+                   f"their own in between")
             return f"the factors {_name(nodes, a)} and {_name(nodes, b)} are not independent: {why}"
     for a in inputs:
         if (INPUT, None) in units[a]:
-            return (f"the factor {_name(nodes, a)} reads the model's input without a Linear/Conv "
-                    f"layer in between: its channels are the input's own, finitely many, which "
-                    f"no infinite width averages")
+            return (f"the factor {_name(nodes, a)} reads the model's input without {MIXING} in "
+                    f"between: its channels are the input's own, finitely many, which no "
+                    f"infinite width averages")
     differing = [a for a in inputs if not same[a]]
     if len(differing) > 1:
         return (f"the channels of the factors {_name(nodes, differing[0])} and "
@@ -135,21 +136,26 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
 
 
 def _units(nodes: list[Node]) -> dict[int, frozenset]:
-    """For each node, where the units its channel ``c`` reads without a weight layer in between
-    come from: ``(index, part)`` of the weight layer's first node (its module's; a module called
-    twice has the same weights) and ``part`` None for all its features or ``(chunks, dim, index)``
-    for a chunk of them, or ``(INPUT, None)`` for the model's input."""
+    """For each node, where the units its channel ``c`` reads without a weight layer mixing all
+    channels in between come from: ``(index, part)`` of the weight layer's first node (its
+    module's; a module called twice has the same weights) and ``part`` None for all its features
+    or ``(chunks, dim, index)`` for a chunk of them, or ``(INPUT, None)`` for the model's input. A
+    grouped convolution mixes only its group's channels (a depthwise one, channel ``c`` alone):
+    its channel ``c`` also reads what its input's does."""
     first = {}
+    mixes = lambda i: i != INPUT and isinstance(nodes[i].module, AFFINE) and getattr(
+        nodes[i].module, "groups", 1) == 1
     units = {INPUT: frozenset({(INPUT, None)})}
     for n in nodes:
-        if isinstance(n.module, AFFINE):
-            units[n.index] = frozenset({(first.setdefault(id(n.module), n.index), None)})
-        elif (isinstance(n.module, Chunk) and n.inputs[0] != INPUT
-              and isinstance(nodes[n.inputs[0]].module, AFFINE)):
+        own = frozenset({(first.setdefault(id(n.module), n.index), None)})
+        if mixes(n.index):
+            units[n.index] = own
+        elif isinstance(n.module, Chunk) and mixes(n.inputs[0]):
             (layer, _), = units[n.inputs[0]]
             units[n.index] = frozenset({(layer, (n.module.chunks, n.module.dim, n.module.index))})
-        else:
-            units[n.index] = frozenset().union(*(units[i] for i in _random_inputs(n)))
+        else:  # a grouped (depthwise) convolution's channel reads its own group's too
+            units[n.index] = frozenset().union(*(units[i] for i in _random_inputs(n)),
+                                               own if isinstance(n.module, AFFINE) else ())
     return units
 
 

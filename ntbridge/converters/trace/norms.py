@@ -198,7 +198,8 @@ def rms_norm_pattern(node: fx.Node, t: Trace) -> bool:
 @pattern
 def channel_scale_pattern(node: fx.Node, t: Trace) -> bool:
     """``gamma * x`` (or ``x * gamma``) of a parameter ``gamma`` of the model of shape ``(C, 1,
-    ..., 1)`` or ``(C,)``: one :class:`~..normalization.ChannelScale`, named as ``gamma``'s owner."""
+    ..., 1)`` or ``(C,)``: one :class:`~..normalization.ChannelScale`, named as ``gamma``'s
+    owner."""
     if (factors := _factors(node)) is None:
         return False
     found = [a for a in factors if isinstance(a, fx.Node) and a.op == "get_attr"
