@@ -204,19 +204,22 @@ def test_a_factor_of_the_inputs_own_channels_is_refused():
         ntbridge.ntk(InputTimesLinear(), torch.randn(2, 3))
 
 
-def test_a_depthwise_convolution_keeps_its_channels_dependent():
+@pytest.mark.parametrize("first, says", [
+    (lambda m, h: h, "one is computed from the other without a Linear/Conv layer mixing"),
+    (lambda m, h: m.dw2(h), "both read the units of 'conv' without a Linear/Conv layer mixing"),
+])
+def test_a_depthwise_convolution_keeps_its_channels_dependent(first, says):
     class Depthwise(nn.Module):  # dw(h)'s channel c is a sum over h's channel c alone
         def __init__(self):
             super().__init__()
             self.conv, self.dw = nn.Conv2d(2, 8, 1), nn.Conv2d(8, 8, 3, padding=1, groups=8)
-            self.out = nn.Linear(8 * 9, 1)
+            self.dw2, self.out = nn.Conv2d(8, 8, 1, groups=8), nn.Linear(8 * 9, 1)
 
         def forward(self, x):
             h = self.conv(x)
-            return self.out((h * self.dw(h)).flatten(1))
+            return self.out((first(self, h) * self.dw(h)).flatten(1))
 
-    with pytest.raises(errors.UnsupportedLayerError, match="one is computed from the other "
-                                                           "without a Linear/Conv layer mixing"):
+    with pytest.raises(errors.UnsupportedLayerError, match=says):
         ntbridge.ntk(Depthwise(), torch.randn(2, 2, 3, 3))
 
 
