@@ -46,6 +46,13 @@ class ChannelMoments(NamedTuple):
         return cls(mean(a ** 2), mean(d ** 2), weight, cmap.beta,
                    bool((a == a[0]).all() and (d == 0).all()))
 
+    @property
+    def gaussian(self) -> bool:
+        """Whether the map keeps a centred Gaussian input so: uniform constants and no trained
+        gamma (whose gradient, the channel's own input, a nonlinearity's derivative would
+        correlate with)."""
+        return self.uniform and self.weight is None
+
 
 def _eval_rule(moments: ChannelMoments, cmap: ChannelMap | None,
                name: str = "eval-mode BatchNorm"):
@@ -67,13 +74,11 @@ def _eval_rule(moments: ChannelMoments, cmap: ChannelMap | None,
         affine = lambda c: moments.scale2 * c + moments.shift2
         own = (0.0 if moments.weight is None else moments.weight[0] * k.nngp + moments.weight[1])
         ntk = None if k.ntk is None else moments.scale2 * k.ntk + own + float(moments.bias)
-        # a trained gamma's gradient is the channel's own input, which a nonlinearity's derivative
-        # correlates with: a nonlinearity after it needs the channels' map (stax.sources)
-        gaussian = moments.uniform and moments.weight is None
-        sources = (None if gaussian or cmap is None
+        # otherwise a nonlinearity after it needs the channels' map (stax.sources)
+        sources = (None if moments.gaussian or cmap is None
                    else Sources(base=k, ops=(cmap,), rule=rule_of(k)))
         return k.replace(nngp=affine(k.nngp), ntk=ntk, cov1=affine(k.cov1), cov2=affine(k.cov2),
-                         is_gaussian=gaussian, sources=sources)
+                         is_gaussian=moments.gaussian, sources=sources)
 
     return kernel_fn
 
@@ -106,7 +111,6 @@ def ChannelScale(name: str, shape: tuple[int, ...], cmap: ChannelMap) -> Layer:
         ...                      (0.0,) * 4, (1.0,) * 4, True, False))
     """
     moments = ChannelMoments.of(cmap)
-    samples = not (moments.uniform and moments.weight is None)
     rule = _eval_rule(moments, cmap, "a scale per channel")
 
     def init_fn(key, input_shape):
@@ -124,7 +128,7 @@ def ChannelScale(name: str, shape: tuple[int, ...], cmap: ChannelMap) -> Layer:
         return rule(k)
 
     return Layer(init_fn, lambda params, x: x * params[name], kernel_fn,
-                 replicates=SAMPLING.replicates if samples else 0)
+                 replicates=0 if moments.gaussian else SAMPLING.replicates)
 
 
 def _batch_statistics_refused(k: Kernel) -> Kernel:
@@ -187,7 +191,7 @@ def BatchNorm(eps: float, moments: ChannelMoments | None, tensors: tuple[str, ..
         return y + params["bias"].reshape(shape) if "bias" in params else y
 
     kernel_fn = _batch_statistics_refused if moments is None else _eval_rule(moments, channel_map)
-    samples = channel_map is not None and not (moments.uniform and moments.weight is None)
+    samples = channel_map is not None and not moments.gaussian
 
     def init_fn(key, input_shape):
         return tuple(input_shape), {name: _fresh(name, input_shape[1]) for name in tensors}

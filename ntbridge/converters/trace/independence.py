@@ -91,8 +91,8 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
     In the infinite-width limit, channel ``c`` of a weight layer's output (Linear, Conv) is a sum
     over all its input's units with fresh zero-mean weights: given its input, it is independent of
     any finitely many units computed without those weights, and its kernel concentrates. So two
-    factors are independent when the units their channel ``c`` reads without a weight layer in
-    between (:func:`_units`) come from different weight layers, or from different chunks of one
+    factors are independent when the units their channel ``c`` reads without a weight layer
+    mixing all channels in between (:func:`_units`) come from different weight layers, or from different chunks of one
     layer's features (``a, b = fc(x).chunk(2, -1)``: disjoint sets of units), whatever they share
     before those layers. ``fc1(x) * fc2(x)``, ``F.silu(fc1(h)) * fc2(h)``, ``relu(h) * fc(h)`` and
     a squeeze-and-excitation gate ``h * sigmoid(fc2(relu(fc1(pool(h)))))`` are independent;
@@ -129,9 +129,8 @@ def dependent(nodes: list[Node], inputs: tuple[int, ...]) -> str:
     differing = [a for a in inputs if not same[a]]
     if len(differing) > 1:
         return (f"the channels of the factors {_name(nodes, differing[0])} and "
-                f"{_name(nodes, differing[1])} may differ in distribution (they come from the "
-                f"model's input, a concatenation or a normalization), and their kernels are "
-                f"channel averages")
+                f"{_name(nodes, differing[1])} may differ in distribution (they come from a "
+                f"concatenation or a normalization), and their kernels are channel averages")
     return ""
 
 
